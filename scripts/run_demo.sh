@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets everything up, then runs the embedded CPU demo (python -m openrlhf_classmate.demo --help for options).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+exec .venv/bin/python -m openrlhf_classmate.demo "$@"
