@@ -1,0 +1,119 @@
+"""Policy actor side: ``ClassmatePolicyModelActor`` and its trainer ``ClassmateActorPPOTrainer``.
+
+Upstream's ``training_step`` calls ``self.actor_loss_fn(log_probs, old_log_probs, advantages, action_mask=...,
+rollout_log_probs=..., **loss_batch_info)`` and never passes the rest of the micro-batch. ``ClassmateActorPPOTrainer``
+keeps the current micro-batch on ``self`` for the duration of ``training_step`` and installs a loss adapter that
+hands the classmate tensors (``classmate_advantages``, ``cot_mask``, ``classmate_log_probs``) to our losses as
+keyword arguments, so ``training_step`` itself is not copied. Anything the loss reports goes into
+``experience.info``, which upstream logs.
+"""
+
+from __future__ import annotations
+
+import torch
+from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+
+from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
+from openrlhf_classmate.integration.classmate_config import uses_separated_loss
+from openrlhf_classmate.integration.patches import install_actor_trainer
+
+
+class ClassmateLossAdapter(torch.nn.Module):
+    """Upstream's loss signature in, our loss with the micro-batch's classmate tensors out."""
+
+    def __init__(self, loss: torch.nn.Module, extra_fields: tuple[str, ...], trainer: ClassmateActorPPOTrainer):
+        super().__init__()
+        self.loss = loss
+        self.extra_fields = extra_fields
+        self._trainer = [trainer]  # a list: not registered as a submodule
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
+                **loss_batch_info):
+        experience = self._trainer[0].current_experience
+        extras = {}
+        for name in self.extra_fields:
+            value = getattr(experience, name, None)
+            if value is None:
+                raise RuntimeError(f"the classmate loss needs experience.{name}, which this micro-batch lacks "
+                                   "(is Experience rebound to ClassmateExperience in this process?)")
+            extras[name] = value
+        out = self.loss(log_probs, old_log_probs, advantages, action_mask=action_mask,
+                        rollout_log_probs=rollout_log_probs, **loss_batch_info, **extras)
+        for key, value in getattr(self.loss, "last_stats", {}).items():
+            experience.info[f"classmate/{key}"] = value.detach().float()
+        return out
+
+
+def build_classmate_loss(args) -> tuple[torch.nn.Module, tuple[str, ...]] | None:
+    """The loss for this run, or None when upstream's ``PolicyLoss`` is the right one."""
+    cfg = args.classmate
+    agg = cfg.loss_agg_mode or args.actor.loss_agg_mode
+    common = dict(
+        clip_eps_low=args.actor.eps_clip_low_high[0],
+        clip_eps_high=args.actor.eps_clip_low_high[1],
+        classmate_clip_eps_low=cfg.eps_clip_low_high[0],
+        classmate_clip_eps_high=cfg.eps_clip_low_high[1],
+        loss_agg_mode=agg,
+        max_response_len=args.rollout.max_new_tokens,
+    )
+    if not uses_separated_loss(args):
+        if agg == "seq-mean-token-sum-norm":
+            # single-advantage estimators with the reference aggregation: the separated loss with a zero second term
+            return SeparatedPolicyLoss(dual_clip=args.actor.dual_clip, **common), ("zero_classmate",)
+        return None
+    if cfg.loss == "vanilla_classmate":
+        loss = VanillaClassmatePolicyLoss(
+            dual_clip=args.actor.dual_clip or 3.0, classmate_dual_clip=cfg.dual_clip or 3.0, **common
+        )
+        return loss, ("classmate_advantages", "classmate_log_probs", "cot_mask")
+    loss = SeparatedPolicyLoss(dual_clip=args.actor.dual_clip, classmate_dual_clip=cfg.dual_clip, **common)
+    return loss, ("classmate_advantages",)
+
+
+class _ZeroClassmateAdapter(ClassmateLossAdapter):
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
+                **loss_batch_info):
+        return self.loss(log_probs, old_log_probs, advantages, action_mask=action_mask,
+                         rollout_log_probs=rollout_log_probs, **loss_batch_info,
+                         classmate_advantages=torch.zeros_like(advantages))
+
+
+class ClassmateActorPPOTrainer(ActorPPOTrainer):
+    current_experience = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.upstream_loss_fn = self.actor_loss_fn
+        built = build_classmate_loss(self.args) if getattr(self.args.classmate, "model_name_or_path", None) else None
+        if built is not None:
+            loss, fields = built
+            adapter_cls = _ZeroClassmateAdapter if fields == ("zero_classmate",) else ClassmateLossAdapter
+            self.actor_loss_fn = adapter_cls(loss, () if adapter_cls is _ZeroClassmateAdapter else fields, self)
+
+    def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        self.current_experience = experience
+        try:
+            return super().training_step(experience, kl_ctl, step, loss_batch_info)
+        finally:
+            self.current_experience = None
+
+
+class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
+    def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
+        install_actor_trainer(ClassmateActorPPOTrainer)
+        if strategy.args.engine.backend == "hf":
+            vllm_engines = None  # HF engines get weights from the controller through the object store
+        super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
+        if not isinstance(self.trainer, ClassmateActorPPOTrainer):
+            raise RuntimeError("upstream no longer builds ActorPPOTrainer through the module global we rebind")
+
+    def hf_engine_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere."""
+        import deepspeed
+
+        model = self.actor.model.module
+        params = list(model.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=self.strategy.args.ds.zero_stage == 3):
+            if torch.distributed.get_rank() != 0:
+                return None
+            return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}

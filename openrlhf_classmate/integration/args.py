@@ -1,0 +1,179 @@
+"""Command line of ``python -m openrlhf_classmate.cli.train_ppo_ray``.
+
+Upstream's parser and its validation live inside ``if __name__ == "__main__":`` of
+``openrlhf/cli/train_ppo_ray.py`` and cannot be imported. Instead of copying ~430 lines we parse that file with
+``ast`` and execute its own statements: everything before ``args = parser.parse_args()`` builds the parser, we add
+the ``--classmate.*`` group and ``--config``, parse, then execute upstream's post-processing (``hierarchize`` and all
+its checks) minus the final ``train(args)`` call. So every upstream flag, default and check is upstream's own.
+
+``--config FILE.yaml`` holds nested keys (``actor: {adam: {lr: 1e-6}}``) that map to the dotted flags
+(``--actor.adam.lr``). The file is turned into command-line tokens placed *before* the real command line, so
+explicit flags win and every value goes through argparse's own type conversion and ``choices`` checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import inspect
+import sys
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
+
+from openrlhf_classmate.integration.classmate_config import (
+    REWARD_FUNC_PATH,
+    add_classmate_arguments,
+    validate_classmate_args,
+)
+
+
+class ConfigError(ValueError):
+    """A bad ``--config`` file or an invalid combination of flags."""
+
+
+def _upstream_main_block() -> tuple[list[ast.stmt], list[ast.stmt], str]:
+    import openrlhf.cli.train_ppo_ray as upstream
+
+    source = inspect.getsource(upstream)
+    tree = ast.parse(source)
+    main = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and ast.unparse(node.test) in (
+            "__name__ == '__main__'",
+            '__name__ == "__main__"',
+        )
+    ]
+    if len(main) != 1:
+        raise RuntimeError("openrlhf.cli.train_ppo_ray has no single `if __name__ == '__main__':` block")
+    body = main[0].body
+    split = [i for i, stmt in enumerate(body) if ast.unparse(stmt) == "args = parser.parse_args()"]
+    if len(split) != 1:
+        raise RuntimeError("openrlhf.cli.train_ppo_ray: `args = parser.parse_args()` not found exactly once")
+    build, post = body[: split[0]], body[split[0] + 1 :]
+    if not post or ast.unparse(post[-1]) != "train(args)":
+        raise RuntimeError("openrlhf.cli.train_ppo_ray: the main block no longer ends with `train(args)`")
+    return build, post[:-1], source
+
+
+def upstream_source_sha256() -> str:
+    """Hash of upstream's CLI module: ``patches.check_upstream`` compares it with the pinned value."""
+    return hashlib.sha256(_upstream_main_block()[2].encode()).hexdigest()
+
+
+def _upstream_namespace() -> dict[str, Any]:
+    """A copy of upstream's module globals (its imports), as the main block would see them, minus ``__main__``."""
+    import openrlhf.cli.train_ppo_ray as upstream
+
+    namespace = dict(vars(upstream))
+    namespace["__name__"] = "openrlhf_classmate_args"
+    return namespace
+
+
+def _exec(stmts: list[ast.stmt], namespace: dict[str, Any]) -> None:
+    module = ast.Module(body=stmts, type_ignores=[])
+    exec(compile(module, "<openrlhf.cli.train_ppo_ray __main__>", "exec"), namespace)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Upstream's parser plus the ``--classmate.*`` group and ``--config``."""
+    build, _, _ = _upstream_main_block()
+    namespace = _upstream_namespace()
+    _exec(build, namespace)
+    parser: argparse.ArgumentParser = namespace["parser"]
+    parser.prog = "python -m openrlhf_classmate.cli.train_ppo_ray"
+    parser.add_argument(
+        "--config",
+        type=str,
+        default=None,
+        help="YAML file whose nested keys map to the dotted flags; explicit command-line flags override it",
+    )
+    add_classmate_arguments(parser)
+    return parser
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Turn a YAML config into command-line tokens, checking every key against the parser."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror})") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML: {e}") from e
+    if tree is None:
+        return []
+    if not isinstance(tree, dict):
+        raise ConfigError(f"--config {path}: the top level must be a mapping of flag groups, got {type(tree).__name__}")
+    actions = {a.dest: a for a in parser._actions}
+    argv: list[str] = []
+    for key, value in _flatten(tree).items():
+        action = actions.get(key)
+        if action is None or key == "config":
+            close = [d for d in actions if d.split(".")[-1] == key.split(".")[-1]][:3]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"--config {path}: unknown key '{key}'{hint}")
+        flag = f"--{key}"
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ConfigError(f"--config {path}: '{key}' is a switch; use true or false, got {value!r}")
+            if value:
+                argv.append(flag)
+            continue
+        if value is None:
+            continue
+        if isinstance(value, list):
+            if action.nargs in (None, 0):
+                raise ConfigError(f"--config {path}: '{key}' takes one value, got a list")
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _config_path(argv: Sequence[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, _ = pre.parse_known_args(list(argv))
+    return known.config
+
+
+def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
+    """Parse, run upstream's post-processing and checks, then validate the classmate group."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    config = _config_path(argv)
+    if config:
+        argv = config_to_argv(config, parser) + argv
+    flat = parser.parse_args(argv)
+    if not any(getattr(flat, key) for key in ("reward.remote_url", "reward.model_name_or_path", "train.agent_func_path")):
+        # no reward model or function given: score answers with the scorer registry (the label's data_source)
+        setattr(flat, "reward.remote_url", REWARD_FUNC_PATH)
+    if getattr(flat, "classmate.model_name_or_path") and "--algo.advantage.estimator" not in argv:
+        # upstream's default (gae) would build a critic; with a classmate our estimators replace upstream's
+        # advantages anyway, so upstream runs its cheap critic-free reinforce pass underneath
+        setattr(flat, "algo.advantage.estimator", "reinforce")
+    _, post, _ = _upstream_main_block()
+    namespace = _upstream_namespace()
+    namespace.update(args=flat, parser=parser)
+    _exec(post, namespace)
+    args = namespace["args"]
+    validate_classmate_args(args)
+    return args

@@ -1,0 +1,251 @@
+"""The ``--classmate.*`` and ``--engine.*`` flag groups: one dataclass, its docstrings, and up-front validation.
+
+Each field below becomes ``--classmate.<name>`` (``--engine.<name>`` for :class:`EngineConfig`); after upstream's
+``hierarchize`` the values reach every Ray actor as ``strategy.args.classmate.<name>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from openrlhf_classmate.algo.advantages import ESTIMATORS, TOKEN_MODES
+from openrlhf_classmate.algo.classmate_prompt import PROMPT_MODES
+from openrlhf_classmate.algo.classmate_reward import CONDITIONS
+from openrlhf_classmate.algo.spans import TRUNCATION_MODES
+
+SEPARATED_ESTIMATORS = ("separated", "separated_non_neg")
+LOSSES = ("auto", "separated", "vanilla_classmate")
+PLACEMENTS = ("separate", "colocate", "share")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+REWARD_FUNC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reward_func.py")
+
+
+@dataclass
+class ClassmateConfig:
+    """Classmate chain-of-thought training. Without ``model_name_or_path`` the launcher trains exactly like upstream."""
+
+    model_name_or_path: list[str] | None = field(
+        default=None, metadata={"help": "Frozen classmate model(s): HF ids or local paths (one or more)", "nargs": "+"}
+    )
+    num_engines: int = field(default=1, metadata={"help": "Classmate engines (per classmate model)"})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "Tensor-parallel size of each classmate engine"})
+    gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "vLLM memory fraction of a classmate engine (sum with the policy's below 1 when GPUs are shared)"}
+    )
+    placement: str = field(
+        default="separate",
+        metadata={
+            "help": "separate: own GPUs; colocate: the actor/ref placement group (needs --train.colocate_actor_ref "
+            "or --train.colocate_all); share: the policy engines' GPUs",
+            "choices": PLACEMENTS,
+        },
+    )
+    enable_sleep: bool = field(
+        default=False, metadata={"help": "Sleep the classmate engines between steps (vLLM sleep mode; forced on for colocate)"}
+    )
+    max_context: int | None = field(
+        default=None, metadata={"help": "Classmate max_model_len; default --data.max_len + --classmate.max_new_tokens"}
+    )
+    max_new_tokens: int = field(default=512, metadata={"help": "Max tokens of a classmate answer"})
+    temperature: float = field(default=1.0, metadata={"help": "Classmate sampling temperature (0 = greedy)"})
+    top_p: float = field(default=1.0, metadata={"help": "Classmate nucleus sampling"})
+    top_k: int = field(default=-1, metadata={"help": "Classmate top-k (-1 = off)"})
+    samples: int = field(default=1, metadata={"help": "Answers sampled per classmate model and CoT (S)"})
+    weights: list[float] | None = field(
+        default=None, metadata={"help": "Weight of each classmate model in the classmate reward (default uniform)", "nargs": "+"}
+    )
+    reward_weight: float = field(default=1.0, metadata={"help": "lambda: multiplies the averaged classmate score"})
+    condition: str = field(
+        default="always", metadata={"help": "Classmate reward given the main reward", "choices": CONDITIONS}
+    )
+    truncation: str = field(
+        default="vanilla", metadata={"help": "How much of the CoT the classmate sees", "choices": TRUNCATION_MODES}
+    )
+    keep_min: float = field(default=0.1, metadata={"help": "random_truncate: lower bound of the kept CoT fraction"})
+    keep_max: float = field(default=0.9, metadata={"help": "random_truncate: upper bound of the kept CoT fraction"})
+    prompt_mode: str = field(
+        default="retokenize",
+        metadata={
+            "help": "retokenize: decode the CoT and encode it with the classmate tokenizer; splice: reuse the main "
+            "token ids (identical vocabularies only)",
+            "choices": PROMPT_MODES,
+        },
+    )
+    think_open: str = field(default="<think>", metadata={"help": "Tag opening the main model's CoT"})
+    think_close: str = field(default="</think>", metadata={"help": "Tag closing the main model's CoT"})
+    classmate_think_open: str | None = field(
+        default=None, metadata={"help": "Think-open tag in the classmate prompt (default: --classmate.think_open)"}
+    )
+    classmate_think_close: str | None = field(
+        default=None, metadata={"help": "Think-close tag in the classmate prompt (default: --classmate.think_close)"}
+    )
+    estimator: str | None = field(
+        default=None,
+        metadata={"help": "Advantage estimator (default gdpo when a classmate model is set)", "choices": ESTIMATORS},
+    )
+    gdpo_weights: list[float] = field(
+        default_factory=lambda: [1.0, 1.0], metadata={"help": "gdpo: weights (w_main, w_classmate)", "nargs": 2}
+    )
+    token_mode: str = field(
+        default="classmate_partial",
+        metadata={"help": "Where the classmate advantage applies: CoT tokens only, or all", "choices": TOKEN_MODES},
+    )
+    loss: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: two-term separated loss for separated estimators, upstream PolicyLoss otherwise; "
+            "vanilla_classmate: the reference two-ratio loss (reproduction only)",
+            "choices": LOSSES,
+        },
+    )
+    loss_agg_mode: str | None = field(
+        default=None,
+        metadata={"help": "Overrides --actor.loss_agg_mode; adds seq-mean-token-sum-norm", "choices": LOSS_AGG_MODES},
+    )
+    eps_clip_low_high: list[float] = field(
+        default_factory=lambda: [0.4, 0.4], metadata={"help": "Clip range of the classmate PPO term", "nargs": 2}
+    )
+    dual_clip: float | None = field(default=None, metadata={"help": "Dual-clip constant of the classmate PPO term"})
+    scorer: str = field(
+        default="auto",
+        metadata={"help": "Scorer for classmate answers: auto = the label's data_source, or a registry name"},
+    )
+    seed_offset: int = field(default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this"})
+    judge_base_url: str | None = field(
+        default=None, metadata={"help": "OpenAI-compatible judge endpoint (e.g. http://host:8000/v1) for judge scorers"}
+    )
+    judge_model: str | None = field(default=None, metadata={"help": "Judge model name"})
+    judge_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Env var holding the judge API key"})
+
+
+@dataclass
+class EngineConfig:
+    """Generation engines of both groups (policy and classmate)."""
+
+    backend: str = field(
+        default="auto",
+        metadata={"help": "vllm, hf (transformers generate; CPU, tests, debugging) or auto (vllm if importable)",
+                  "choices": ("auto", "vllm", "hf")},
+    )
+    hf_max_batch: int = field(default=64, metadata={"help": "hf backend: max requests batched in one generate call"})
+
+
+def _add_group(parser: argparse.ArgumentParser, prefix: str, cls: type) -> None:
+    group = parser.add_argument_group(f"{prefix} ({cls.__doc__.splitlines()[0]})")
+    for f in dataclasses.fields(cls):
+        meta = dict(f.metadata)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kwargs: dict[str, Any] = {"default": default, "help": meta.pop("help")}
+        if f.type == "bool":
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = {"int": int, "float": float}.get(f.type.split(" ")[0], None) or _element_type(f.type)
+            kwargs.update(meta)
+        group.add_argument(f"--{prefix}.{f.name}", **kwargs)
+
+
+def _element_type(type_name: str):
+    if "float" in type_name:
+        return float
+    if type_name.startswith("int"):
+        return int
+    return str
+
+
+def add_classmate_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_group(parser, "classmate", ClassmateConfig)
+    _add_group(parser, "engine", EngineConfig)
+
+
+def classmate_enabled(args: SimpleNamespace) -> bool:
+    return bool(getattr(getattr(args, "classmate", None), "model_name_or_path", None))
+
+
+def uses_separated_loss(args: SimpleNamespace) -> bool:
+    c = args.classmate
+    return classmate_enabled(args) and (c.loss == "vanilla_classmate" or c.estimator in SEPARATED_ESTIMATORS)
+
+
+def _fail(message: str) -> None:
+    raise SystemExit(f"error: {message}")
+
+
+def validate_classmate_args(args: SimpleNamespace) -> None:
+    """Check flag combinations up front; exits with one clear message naming the flags to change."""
+    c = args.classmate
+    enabled = classmate_enabled(args)
+    c.classmate_think_open = c.classmate_think_open or c.think_open
+    c.classmate_think_close = c.classmate_think_close or c.think_close
+    if args.engine.backend == "auto":
+        import importlib.util
+
+        from openrlhf_classmate import shims
+
+        vllm_spec = importlib.util.find_spec("vllm")
+        real_vllm = vllm_spec is not None and not (vllm_spec.origin or "").startswith(shims.SHIM_DIRS["vllm"])
+        args.engine.backend = "vllm" if real_vllm else "hf"
+
+    if not enabled:
+        for name, default in (("estimator", None), ("loss", "auto"), ("loss_agg_mode", None)):
+            if getattr(c, name) != default:
+                _fail(f"--classmate.{name} {getattr(c, name)} needs a classmate: set --classmate.model_name_or_path")
+        return
+
+    c.estimator = c.estimator or "gdpo"
+    n_models = len(c.model_name_or_path)
+    if c.weights is not None and len(c.weights) != n_models:
+        _fail(f"--classmate.weights has {len(c.weights)} values for {n_models} classmate model(s)")
+    if c.weights is not None and (min(c.weights) < 0 or sum(c.weights) <= 0):
+        _fail("--classmate.weights must be non-negative with a positive sum")
+    if not 0 < c.keep_min <= c.keep_max <= 1:
+        _fail(f"need 0 < --classmate.keep_min <= --classmate.keep_max <= 1, got {c.keep_min}, {c.keep_max}")
+    if c.samples < 1 or c.num_engines < 1 or c.max_new_tokens < 1:
+        _fail("--classmate.samples, --classmate.num_engines and --classmate.max_new_tokens must be >= 1")
+    if c.placement == "colocate" and not (args.train.colocate_actor_ref or args.train.colocate_all):
+        _fail("--classmate.placement colocate needs --train.colocate_actor_ref or --train.colocate_all "
+              "(there is no actor/ref placement group to join otherwise)")
+    if c.placement == "share" and not (args.vllm.num_engines and args.vllm.num_engines > 0):
+        _fail("--classmate.placement share needs policy engines (--vllm.num_engines > 0)")
+    if c.max_context is None:
+        c.max_context = args.data.max_len + c.max_new_tokens
+    if args.vllm.num_engines is None or args.vllm.num_engines < 1:
+        _fail("classmate training needs policy rollout engines: set --vllm.num_engines >= 1")
+    if args.rollout.n_samples_per_prompt < 2:
+        _fail("classmate estimators normalise per prompt group: set --rollout.n_samples_per_prompt >= 2")
+    if args.train.async_enable:
+        _fail("classmate training supports the synchronous trainer only: drop --train.async_enable")
+    if args.train.dynamic_batch_enable or args.ds.packing_samples:
+        _fail("classmate training does not support --train.dynamic_batch_enable / --ds.packing_samples yet")
+    if args.algo.advantage.estimator == "gae":
+        _fail("classmate estimators replace the critic-free upstream estimators; --algo.advantage.estimator gae "
+              "is not supported with a classmate")
+    if c.loss == "vanilla_classmate":
+        if c.estimator not in SEPARATED_ESTIMATORS:
+            _fail("--classmate.loss vanilla_classmate needs separate main/classmate advantages: "
+                  "--classmate.estimator separated (or separated_non_neg)")
+        if c.prompt_mode != "splice":
+            _fail("--classmate.loss vanilla_classmate needs the classmate's log-probs of the main CoT tokens, which "
+                  "exist only with --classmate.prompt_mode splice")
+        if n_models != 1 or c.samples != 1:
+            _fail("--classmate.loss vanilla_classmate supports exactly one classmate model and --classmate.samples 1")
+    if c.prompt_mode == "splice":
+        _check_splice_vocab(args)
+
+
+def _check_splice_vocab(args: SimpleNamespace) -> None:
+    from transformers import AutoTokenizer
+
+    from openrlhf_classmate.algo.classmate_prompt import check_splice_compatible
+
+    main = AutoTokenizer.from_pretrained(args.actor.model_name_or_path, trust_remote_code=True)
+    for path in args.classmate.model_name_or_path:
+        classmate = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+        try:
+            check_splice_compatible(main, classmate)
+        except ValueError as e:
+            _fail(f"--classmate.prompt_mode splice with classmate {path}: {e}")

@@ -1,0 +1,240 @@
+"""The classmate stage of one training step, run by the controller: CoT spans → classmate inputs → classmate engines
+→ scores → classmate reward.
+
+``dispatch`` sends every request and returns at once (Ray object refs), ``gather`` waits, decodes, scores and
+combines; the experience maker puts the actor/ref forward passes in between when the classmate does not share their
+GPUs. The classmate engine handles live here and never in ``vllm_engines``, so they never receive policy weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_classmate_inputs
+from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
+from openrlhf_classmate.algo.spans import cot_mask, think_token_ids, truncate_cot
+
+
+class ClassmateInputError(ValueError):
+    """A rollout sample cannot be turned into a classmate request (bad label, missing messages)."""
+
+
+def response_ids_of(sample) -> torch.Tensor:
+    """Response token ids of a single-sample rollout ``Experience`` (``action_mask`` is aligned with seq[1:])."""
+    return sample.sequences[0, 1:][sample.action_mask[0].bool()]
+
+
+def label_dict(label, index: int) -> dict:
+    if isinstance(label, dict):
+        return label
+    try:
+        parsed = json.loads(label)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ClassmateInputError(f"rollout sample {index}: the label is not JSON ({e}); classmate training needs "
+                                  "a JSON label (see setup_data/README.md)") from e
+    if not isinstance(parsed, dict):
+        raise ClassmateInputError(f"rollout sample {index}: the label must be a JSON object, got {type(parsed).__name__}")
+    return parsed
+
+
+def messages_of(label: dict, index: int) -> list[dict]:
+    messages = label.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ClassmateInputError(
+            f"rollout sample {index} (data_source {label.get('data_source')!r}): the label has no 'messages' list; "
+            "the classmate needs the prompt's full message list, which the setup_data scripts write into the label"
+        )
+    return messages
+
+
+@dataclass
+class Spans:
+    """Per rollout sample, in response-token space."""
+
+    response_ids: list[torch.Tensor]
+    cot: list[torch.Tensor]  # bool [R_i], kept CoT tokens
+    cot_length: torch.Tensor  # [N] tokens of the (untruncated) CoT
+    has_answer: torch.Tensor  # [N] bool
+    skip: torch.Tensor  # [N] bool
+
+
+@dataclass
+class PendingClassmate:
+    spans: Spans
+    labels: list[dict]
+    inputs: list[list[ClassmateInput]]  # [K][N]
+    refs: dict = field(default_factory=dict)  # (i, k, s) -> ObjectRef
+    dispatched_at: float = 0.0
+
+
+@dataclass
+class ClassmateResult:
+    reward: torch.Tensor  # [N] after λ and the condition
+    valid: torch.Tensor  # [N] bool
+    raw_mean: torch.Tensor  # [N] mean classmate score before λ / condition
+    cot: list[torch.Tensor]  # per sample, bool [R_i]
+    classmate_log_probs: list[torch.Tensor] | None  # per sample, float [R_i] (-inf outside the CoT)
+    metrics: dict[str, float]
+    finished_at: float
+
+
+class ClassmateStage:
+    def __init__(self, args, main_tokenizer, engines: list[list], classmate_tokenizers: list, scorer=None):
+        self.args = args
+        self.cfg = args.classmate
+        self.main_tokenizer = main_tokenizer
+        self.engines = engines
+        self.tokenizers = classmate_tokenizers
+        self.open_id, self.close_id = think_token_ids(main_tokenizer, self.cfg.think_open, self.cfg.think_close)
+        self.generator = torch.Generator().manual_seed(int(args.train.seed))
+        self.request_seeds = np.random.default_rng([int(args.train.seed), 7])
+        self.vanilla = self.cfg.loss == "vanilla_classmate"
+        if scorer is None:
+            from openrlhf_classmate.scoring import score_responses
+
+            scorer = score_responses
+        self.score = scorer
+        self._next_engine = [0] * len(engines)
+
+    # ── spans ──
+
+    def spans(self, samples) -> Spans:
+        responses = [response_ids_of(s) for s in samples]
+        width = max(1, max(len(r) for r in responses))
+        ids = torch.full((len(responses), width), int(self.main_tokenizer.pad_token_id or 0), dtype=torch.long)
+        mask = torch.zeros((len(responses), width), dtype=torch.bool)
+        for i, r in enumerate(responses):
+            ids[i, : len(r)] = r
+            mask[i, : len(r)] = True
+        full = cot_mask(ids, mask, self.open_id, self.close_id, self.main_tokenizer.eos_token_id)
+        kept, skip = truncate_cot(full, self.cfg.truncation, self.cfg.keep_min, self.cfg.keep_max, self.generator)
+        cot = [kept.mask[i, : len(r)] for i, r in enumerate(responses)]
+        return Spans(responses, cot, full.length, full.has_answer, skip)
+
+    # ── dispatch / gather ──
+
+    def _sampling_params(self, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            top_k=self.cfg.top_k,
+            max_tokens=self.cfg.max_new_tokens,
+            seed=seed,
+            prompt_logprobs=0 if self.vanilla else None,
+            skip_special_tokens=True,
+        )
+
+    def _engine(self, k: int):
+        engine = self.engines[k][self._next_engine[k] % len(self.engines[k])]
+        self._next_engine[k] += 1
+        return engine
+
+    def dispatch(self, samples) -> PendingClassmate:
+        labels = [label_dict(s.labels[0], i) for i, s in enumerate(samples)]
+        messages = [messages_of(label, i) for i, label in enumerate(labels)]
+        spans = self.spans(samples)
+        cot_ids = [r[c].tolist() for r, c in zip(spans.response_ids, spans.cot)]
+        inputs = [
+            build_classmate_inputs(
+                tok, messages, cot_ids, self.main_tokenizer, self.cfg.prompt_mode,
+                self.cfg.classmate_think_open, self.cfg.classmate_think_close,
+                max_context=self.cfg.max_context, max_new_tokens=self.cfg.max_new_tokens,
+                skip=spans.skip.tolist(),
+            )
+            for tok in self.tokenizers
+        ]
+        pending = PendingClassmate(spans, labels, inputs, dispatched_at=time.time())
+        for k, per_model in enumerate(inputs):
+            for i, request in enumerate(per_model):
+                if not request.valid:
+                    continue
+                prompt = {"input_ids": request.input_ids, "cot_offset": request.cot_offset,
+                          "cot_len": request.cot_token_count}
+                for s in range(self.cfg.samples):
+                    seed = int(self.request_seeds.integers(0, 2**31 - 1))  # a fresh seed per request
+                    pending.refs[(i, k, s)] = self._engine(k).generate_responses.remote(
+                        prompt=prompt, label=None, sampling_params=self._sampling_params(seed),
+                        max_length=self.cfg.max_context, hf_tokenizer=None, num_samples=1,
+                    )
+        return pending
+
+    def gather(self, pending: PendingClassmate, main_rewards: torch.Tensor) -> ClassmateResult:
+        import ray
+
+        keys = list(pending.refs)
+        outputs = dict(zip(keys, ray.get([pending.refs[key] for key in keys]))) if keys else {}
+        n, k_models, s_samples = len(pending.labels), len(self.tokenizers), self.cfg.samples
+
+        texts, score_labels, where = [], [], []
+        lengths, finished_at = [], [pending.dispatched_at]
+        for (i, k, s), out in outputs.items():
+            out = out[0]
+            texts.append(self.tokenizers[k].decode(out["output_token_ids"], skip_special_tokens=True))
+            label = pending.labels[i]
+            if self.cfg.scorer != "auto":
+                label = {**label, "data_source": self.cfg.scorer}
+            score_labels.append(label)
+            where.append((i, k, s))
+            lengths.append(len(out["output_token_ids"]))
+            finished_at.append(out["finished_at"])
+        results = self.score(texts, score_labels) if texts else []
+
+        scores = torch.zeros((n, k_models, s_samples), dtype=torch.float64)
+        valid = torch.zeros((n, k_models, s_samples), dtype=torch.bool)
+        reasons = Counter()
+        for (i, k, s), result in zip(where, results):
+            scores[i, k, s] = float(result.score) if result.valid else 0.0
+            valid[i, k, s] = bool(result.valid)
+            if not result.valid:
+                reasons["invalid_score"] += 1
+        for per_model in pending.inputs:
+            for request in per_model:
+                if not request.valid:
+                    reasons[_reason_key(request.skip_reason)] += s_samples
+        reward, sample_valid, raw_mean = combine_classmate_scores(
+            scores, valid, main_rewards.double(), self.cfg.weights, self.cfg.reward_weight, self.cfg.condition
+        )
+
+        log_probs = None
+        if self.vanilla:
+            log_probs = []
+            for i, cot in enumerate(pending.spans.cot):
+                row = torch.full(cot.shape, float("-inf"))
+                out = outputs.get((i, 0, 0))
+                if out is not None and out[0]["cot_logprobs"] is not None and pending.inputs[0][i].cot_token_count:
+                    values = torch.tensor(out[0]["cot_logprobs"], dtype=torch.float32)
+                    row[cot.nonzero().squeeze(-1)[: len(values)]] = values[: int(cot.sum())]
+                log_probs.append(row)
+
+        total_requests = n * k_models * s_samples
+        metrics = {
+            "classmate/valid_fraction": float(sample_valid.float().mean()) if n else 0.0,
+            "classmate/request_fraction": len(keys) / max(total_requests, 1),
+            "classmate/output_length": float(np.mean(lengths)) if lengths else 0.0,
+            "classmate/cot_length": float(pending.spans.cot_length.float().mean()) if n else 0.0,
+            "classmate/has_answer_fraction": float(pending.spans.has_answer.float().mean()) if n else 0.0,
+        }
+        for reason, count in reasons.items():
+            metrics[f"classmate/skip_{reason}"] = count / max(total_requests, 1)
+        return ClassmateResult(
+            reward=reward.float(), valid=sample_valid, raw_mean=raw_mean.float(), cot=pending.spans.cot,
+            classmate_log_probs=log_probs, metrics=metrics, finished_at=max(finished_at),
+        )
+
+
+def _reason_key(reason: str | None) -> str:
+    """Metric-friendly name of a skip reason (the full text is in the debug log)."""
+    reason = reason or ""
+    if "exceeds max_context" in reason:
+        return "over_max_context"
+    if "empty CoT" in reason:
+        return "empty_cot"
+    return "other"

@@ -1,0 +1,196 @@
+"""Every place where openrlhf_classmate rebinds a name inside OpenRLHF 0.11.2, in one module.
+
+OpenRLHF is extended by subclassing; where upstream hard-codes a class or function through a module global, the
+global is rebound here (and nowhere else):
+
+===============================================  ==========================================================
+upstream name                                    rebound to / why
+===============================================  ==========================================================
+``Experience`` in the five batching modules      :class:`ClassmateExperience` (else new fields are dropped)
+``ppo_actor.ActorPPOTrainer`` (actor workers)    ``ClassmateActorPPOTrainer`` (classmate losses)
+``cli.train_ppo_ray.create_vllm_engines``        dispatch to the HF engine when the backend is ``hf``
+``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
+``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
+``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
+CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
+===============================================  ==========================================================
+
+:func:`check_upstream` pins the exact upstream sources these rebindings were written against; a test calls it, so
+an upgrade of OpenRLHF fails loudly instead of silently training something else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import os
+
+import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
+
+UPSTREAM_VERSION = "0.11.2"
+# sha256 of the upstream files whose names, signatures or control flow the rebindings rely on.
+UPSTREAM_SHA256 = {
+    "cli/train_ppo_ray.py": "a57da6a94a193645c653c39a19808d7a408ed3302b076c637778770d268096ab",
+    "trainer/ppo_trainer.py": "c01b55d6c3c25f8c691c898b4f829d74d3c21f7d8ddae82f23966f65c254e03b",
+    "trainer/ppo_utils/experience.py": "ee653245197294876b098ea5d451eb7bf7fa15a8257df7035201650a5623b312",
+    "trainer/ppo_utils/experience_maker.py": "1defeef7fa22fc8ff6621d76f5a042a57ebfff4f83aa0338ef9a397de8f8563f",
+    "trainer/ppo_utils/replay_buffer.py": "25e2826fc9541d7e94ea83283f1372b412a24f4053b122e8a2ef801f84c7d1c5",
+    "trainer/ppo_utils/samples_generator.py": "3e55ca5c9d5b344f9657421f80f6bf28017dde998bc9031ce2606b14399db5aa",
+    "trainer/ray/ppo_actor.py": "576ab84fa9a665dc229449e919351816fa339bba7b17810f03f165db02965579",
+    "trainer/ray/vllm_engine.py": "8795d66373861f914a457e2b8e4f4739bd4c3e9c1a9aa34301440d495a5d9939",
+    "trainer/ray/launcher.py": "67c202f4ed826332348392bdf96acb5dfccdfda857556e80ba7118078a7b5ec3",
+    "models/loss.py": "a6dd82c27e8b1711c6a33b6acd0319be25df9f9d54e2326b950d8f2131060860",
+    "utils/agent.py": "bfe2cfefc53c664c1e66e3a60ab7683be8c4fc87064b1169275c339bf9d47331",
+    "utils/deepspeed/deepspeed.py": "d43196e47227157d584e34a84a0471f9620b418add0365e8efb2ef24a6467f53",
+}
+
+EXPERIENCE_MODULES = (
+    "openrlhf.trainer.ppo_utils.experience",
+    "openrlhf.trainer.ppo_utils.samples_generator",
+    "openrlhf.trainer.ppo_utils.experience_maker",
+    "openrlhf.trainer.ppo_utils.replay_buffer",
+    "openrlhf.trainer.ray.ppo_actor",
+)
+
+
+class UpstreamChangedError(RuntimeError):
+    pass
+
+
+def upstream_hashes() -> dict[str, str]:
+    import openrlhf
+
+    root = os.path.dirname(openrlhf.__file__)
+    hashes = {}
+    for rel in UPSTREAM_SHA256:
+        with open(os.path.join(root, rel), "rb") as f:
+            hashes[rel] = hashlib.sha256(f.read()).hexdigest()
+    return hashes
+
+
+def check_upstream() -> None:
+    """Raise if the installed OpenRLHF is not the exact release the rebindings were written against."""
+    from importlib.metadata import version
+
+    installed = version("openrlhf")
+    if installed != UPSTREAM_VERSION:
+        raise UpstreamChangedError(f"openrlhf_classmate targets openrlhf=={UPSTREAM_VERSION}, found {installed}")
+    changed = [rel for rel, sha in upstream_hashes().items() if sha != UPSTREAM_SHA256[rel]]
+    if changed:
+        raise UpstreamChangedError(
+            "openrlhf source differs from the pinned 0.11.2 files the rebindings were checked against: "
+            + ", ".join(changed)
+            + ". Re-check openrlhf_classmate/integration/patches.py against them, then update UPSTREAM_SHA256."
+        )
+
+
+def install_experience() -> None:
+    """Rebind ``Experience`` to :class:`ClassmateExperience` in every module that builds or splits experiences."""
+    from openrlhf_classmate.integration.experience import ClassmateExperience
+
+    for name in EXPERIENCE_MODULES:
+        module = importlib.import_module(name)
+        if not hasattr(module, "Experience"):
+            raise UpstreamChangedError(f"{name} no longer has a module-global `Experience` to rebind")
+        module.Experience = ClassmateExperience
+
+
+def install_actor_trainer(trainer_cls: type) -> None:
+    """Make ``PolicyModelActor.init_model_from_pretrained`` build ``trainer_cls`` (call in the actor worker)."""
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+
+    if not hasattr(ppo_actor, "ActorPPOTrainer"):
+        raise UpstreamChangedError("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer is gone")
+    ppo_actor.ActorPPOTrainer = trainer_cls
+
+
+# ── CPU runtime (no CUDA): the four runtime patches of the extension doc §4.2 ──
+
+
+@contextlib.contextmanager
+def _cuda_device_index(index: int):
+    import torch
+
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: index
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved
+
+
+def install_cpu_runtime() -> bool:
+    """Make upstream's CUDA calls harmless on a machine without CUDA. Returns False (and does nothing) with CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.set_device = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda *a, **k: None
+
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+    import openrlhf.utils.deepspeed.deepspeed as ds_module
+
+    if not getattr(ds_module.init_device_mesh, "_openrlhf_classmate_cpu", False):
+        real_mesh = ds_module.init_device_mesh
+
+        def cpu_device_mesh(device_type, *args, **kwargs):
+            return real_mesh("cpu", *args, **kwargs)
+
+        cpu_device_mesh._openrlhf_classmate_cpu = True
+        ds_module.init_device_mesh = cpu_device_mesh
+
+    base = ppo_actor.NaiveReplayBuffer
+    if not getattr(base, "_openrlhf_classmate_cpu", False):
+
+        class CpuReplayBuffer(base):
+            _openrlhf_classmate_cpu = True
+
+            def __init__(self, *args, **kwargs):
+                with _cuda_device_index(0):  # upstream builds torch.device(f"cuda:{index}") here
+                    super().__init__(*args, **kwargs)
+                self.target_device = torch.device("cpu")
+
+        ppo_actor.NaiveReplayBuffer = CpuReplayBuffer
+    return True
+
+
+def worker_setup() -> None:
+    """Ray ``worker_process_setup_hook``: the same patches in every worker process."""
+    install_experience()
+    install_cpu_runtime()
+
+
+# ── Launcher rebindings (driver process) ──
+
+_RECORDED_PLACEMENT_GROUPS: list = []
+
+
+def recorded_placement_groups() -> list:
+    """Placement groups created by upstream ``train()``, in order (the first is the actor/ref group)."""
+    return _RECORDED_PLACEMENT_GROUPS
+
+
+def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
+    """Rebind the names upstream ``train()`` looks up at call time (see the table in the module docstring)."""
+    import openrlhf.cli.train_ppo_ray as cli
+    import openrlhf.trainer.ppo_trainer as ppo_trainer
+
+    for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train"):
+        if not hasattr(cli, name):
+            raise UpstreamChangedError(f"openrlhf.cli.train_ppo_ray.{name} is gone")
+    real_pg = cli.placement_group
+
+    def recording_placement_group(*args, **kwargs):
+        pg = real_pg(*args, **kwargs)
+        _RECORDED_PLACEMENT_GROUPS.append(pg)
+        return pg
+
+    cli.placement_group = recording_placement_group
+    cli.create_vllm_engines = create_engines
+    cli.PolicyModelActor = policy_actor_cls
+    ppo_trainer.PPOTrainer = trainer_factory

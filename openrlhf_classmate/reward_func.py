@@ -1,0 +1,60 @@
+"""Main-answer reward for OpenRLHF's ``--reward.remote_url <this file>`` (``reward_func(queries, prompts, labels)``).
+
+OpenRLHF loads this file in every rollout engine process and calls it once per sample. The final answer is the text
+after the think-close tag; a response without one has no final answer and scores 0 (valid: it is the policy's
+failure, not the scorer's). Scores come from the scorer registry, keyed by the label's ``data_source``.
+
+Configuration arrives through environment variables set by the launcher (the engine processes get no ``args``):
+``OPENRLHF_CLASSMATE_THINK_CLOSE``, ``OPENRLHF_CLASSMATE_STRIP_TOKENS`` (JSON list of special-token strings to drop,
+e.g. EOS), ``OPENRLHF_CLASSMATE_SCORER`` (override of ``data_source``) and ``OPENRLHF_CLASSMATE_JUDGE`` (JSON of
+``JudgeConfig`` fields for judge scorers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def final_answer(response: str, think_close: str, strip_tokens: list[str]) -> str | None:
+    if think_close not in response:
+        return None
+    answer = response.split(think_close, 1)[1]
+    for token in strip_tokens:
+        answer = answer.replace(token, "")
+    return answer.strip()
+
+
+def response_text(query: str, prompt: str) -> str:
+    # queries are decode(prompt + response); the prompt text normally round-trips exactly
+    return query[len(prompt) :] if query.startswith(prompt) else query
+
+
+def _judge():
+    raw = os.environ.get("OPENRLHF_CLASSMATE_JUDGE")
+    if not raw:
+        return None
+    from openrlhf_classmate.scoring import JudgeConfig
+
+    return JudgeConfig(**json.loads(raw))
+
+
+def reward_func(queries, prompts, labels, **kwargs):
+    import openrlhf_classmate  # noqa: F401
+    from openrlhf_classmate.scoring import score_responses
+
+    think_close = os.environ.get("OPENRLHF_CLASSMATE_THINK_CLOSE", "</think>")
+    strip = json.loads(os.environ.get("OPENRLHF_CLASSMATE_STRIP_TOKENS", "[]"))
+    scorer = os.environ.get("OPENRLHF_CLASSMATE_SCORER", "auto")
+    answers = [final_answer(response_text(q, p), think_close, strip) for q, p in zip(queries, prompts)]
+    parsed = [json.loads(label) if isinstance(label, str) else dict(label) for label in labels]
+    if scorer != "auto":
+        parsed = [{**label, "data_source": scorer} for label in parsed]
+    results = score_responses(answers, parsed, judge=_judge())
+    result = results[0]
+    score = float(result.score) if result.valid else 0.0
+    return {
+        "rewards": score,
+        "scores": score,
+        "extra_logs": {"main_valid": float(result.valid), "has_answer": float(answers[0] is not None)},
+    }

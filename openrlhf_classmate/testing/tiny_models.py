@@ -1,0 +1,52 @@
+"""Tiny causal LMs with local tokenizers, saved as Hugging Face model directories (nothing is downloaded).
+
+Used by the tests, the CPU end-to-end runs and the demo: ``save_tiny_model(path, words)`` writes a randomly
+initialised Qwen2-architecture model (a few thousand to a few million parameters) plus a word-level tokenizer with
+``<think>`` / ``</think>`` and a chat template, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
+
+
+def save_tiny_model(
+    path: str,
+    words: list[str],
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+    chat_template: str | None = None,
+) -> str:
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_word_tokenizer(words, chat_template=chat_template)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id
+    )
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
