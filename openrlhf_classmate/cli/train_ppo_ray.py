@@ -167,6 +167,12 @@ def run(args) -> TrainerFactory:
     trainer = TrainerFactory(args, engines)
     patches.install_launcher(engines.policy, ray.remote(num_gpus=1)(ClassmatePolicyModelActor), trainer)
     upstream.train(args)
+    if args.engine.backend == "hf" and trainer.handle is not None:
+        # HF engines count their weight updates: record them next to the checkpoints (classmate must stay at 0)
+        updates = ray.get(trainer.handle.engine_weight_updates.remote())
+        os.makedirs(args.ckpt.path, exist_ok=True)
+        with open(os.path.join(args.ckpt.path, "engine_weight_updates.json"), "w") as f:
+            json.dump(updates, f)
     return trainer
 
 

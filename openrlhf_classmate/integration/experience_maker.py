@@ -136,6 +136,13 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             else:
                 exp.advantages = rows(out["advantages"]).to(exp.action_log_probs.dtype)
             exp.cot_mask = rows(cot)
+            if exp.classmate_advantages is not None:
+                # sanity metric: with classmate_partial the classmate advantage must vanish outside the CoT
+                outside = exp.action_mask.bool() & ~exp.cot_mask
+                exp.info["classmate/adv_abs_outside_cot"] = (exp.classmate_advantages.abs() * outside).sum(-1).float()
+                exp.info["classmate/adv_abs_on_cot"] = (
+                    (exp.classmate_advantages.abs() * exp.cot_mask).sum(-1) / exp.cot_mask.sum(-1).clamp(min=1)
+                ).float()
             if log_probs is not None:
                 exp.classmate_log_probs = rows(log_probs)
             b = len(exp.index)

@@ -1,0 +1,57 @@
+"""A tiny end-to-end world for the CPU (and GPU validation) runs of the launcher: two random tiny models sharing a
+five-digit vocabulary, and a jsonl of one-digit additions scored by the ``arithmetic`` scorer. The vocabulary is
+small on purpose: random models then emit ``</think>`` and correct digits often enough that rewards vary, so the
+policy loss and its gradient are not zero and a two-step run really changes the weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+from openrlhf_classmate.testing.tiny_models import save_tiny_model
+
+WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
+
+
+def build_world(root: str, num_prompts: int = 16, seed: int = 0) -> dict[str, str]:
+    os.makedirs(root, exist_ok=True)
+    policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=32, seed=seed)
+    classmate = save_tiny_model(os.path.join(root, "classmate"), WORDS, hidden_size=16, seed=seed + 1)
+    rng = random.Random(seed)
+    data = os.path.join(root, "train.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for _ in range(num_prompts):
+            a = rng.randint(0, 4)
+            b = rng.randint(0, 4 - a)
+            messages = [{"role": "user", "content": f"{a} + {b} = ?"}]
+            label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
+            f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
+    return {"root": root, "policy": policy, "classmate": classmate, "data": data}
+
+
+def launcher_argv(world: dict[str, str], classmate: bool = True, zero_stage: int = 2, max_samples: int = 8,
+                  num_episodes: int = 1, estimator: str = "separated", extra: list[str] | None = None) -> list[str]:
+    """Flags of a 2-step run (8 prompts x 4 samples, rollout batch 4) with checkpoints every step."""
+    root = world["root"]
+    argv = [
+        "--actor.model_name_or_path", world["policy"], "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
+        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", "1", "--train.colocate_actor_ref",
+        "--vllm.num_engines", "1", "--vllm.sync_backend", "gloo",
+        "--data.prompt_dataset", world["data"], "--data.input_key", "prompt", "--data.label_key", "label",
+        "--data.apply_chat_template", "--data.max_len", "64", "--data.max_samples", str(max_samples),
+        "--rollout.max_new_tokens", "16", "--rollout.batch_size", "4", "--rollout.micro_batch_size", "4",
+        "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16", "--train.micro_batch_size", "4",
+        "--train.max_epochs", "1", "--train.num_episodes", str(num_episodes),
+        "--algo.kl.init_coef", "0.01", "--algo.kl.use_loss", "--algo.kl.estimator", "k3",
+        "--ds.zero_stage", str(zero_stage), "--ds.param_dtype", "bf16", "--ds.attn_implementation", "sdpa",
+        "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0",  # no warm-up: a 2-step run must move weights
+        "--ckpt.path", os.path.join(root, "ckpt"), "--ckpt.output_dir", os.path.join(root, "hf_final"),
+        "--ckpt.save_steps", "1", "--ckpt.save_hf", "--logger.tensorboard_dir", os.path.join(root, "tb"),
+    ]
+    if classmate:
+        argv += ["--classmate.model_name_or_path", world["classmate"], "--classmate.max_new_tokens", "8",
+                 "--classmate.estimator", estimator]
+    else:
+        argv += ["--algo.advantage.estimator", "group_norm"]
+    return argv + list(extra or [])
