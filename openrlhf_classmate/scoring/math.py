@@ -1,0 +1,164 @@
+"""Math answer scorers: GSM8K numeric answers, and math-verify equivalence for MATH-style LaTeX answers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from openrlhf_classmate.scoring.base import BaseScorer
+from openrlhf_classmate.scoring.labels import LabelError, require_scalar
+from openrlhf_classmate.scoring.math_pool import MathVerifyPool, get_math_pool
+from openrlhf_classmate.scoring.result import ScoreResult
+
+REL_TOL = 1e-6
+ABS_TOL = 1e-9
+
+# A number with optional digit-group commas ("1,234,567") and decimals. Digit groups must be exactly three digits,
+# so a list like "1,2,3" stays three numbers instead of becoming 123.
+_NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
+_FRAC_RE = re.compile(r"(-?)\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+_SLASH_RE = re.compile(r"(-?[\d.,]+)\s*/\s*(-?[\d.,]+)")
+# LaTeX digit-group separators between digits: 1\,234 and 1{,}234.
+_LATEX_GROUP_RE = re.compile(r"(?<=\d)(?:\\,|\{,\}|\\!|\\ )(?=\d{3})")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; ``\\boxed 5`` also works.
+
+    For ``\\boxed{\\boxed{3}}`` the last opening is the inner box, so the answer is ``3``. An unclosed box
+    (truncated output) yields None.
+    """
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    if i < len(text) and text[i] == " ":
+        rest = text[i:].strip()
+        return rest.split()[0].rstrip("$.") if rest else None
+    if i >= len(text) or text[i] != "{":
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+def _normalise_digits(text: str) -> str:
+    return _LATEX_GROUP_RE.sub(",", text.replace("\u2212", "-"))
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` with digit-group commas removed ("1,234" -> "1234"), or None."""
+    matches = _NUMBER_RE.findall(_normalise_digits(text))
+    return matches[-1].replace(",", "") if matches else None
+
+
+def _to_float(s: str) -> float | None:
+    try:
+        value = float(s.replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def last_number_value(text: str) -> tuple[str, float] | None:
+    """The last number in ``text`` and its value, or None."""
+    number = last_number(text)
+    value = _to_float(number) if number is not None else None
+    return (number, value) if value is not None else None  # type: ignore[return-value]
+
+
+def answer_value(text: str) -> tuple[str, float] | None:
+    """The numeric value of a short answer: ``\\frac{a}{b}``, ``a/b``, or else its last number. None if none."""
+    text = _normalise_digits(text)
+    for pattern in (_FRAC_RE, _SLASH_RE):
+        m = pattern.search(text)
+        if m:
+            groups = m.groups()
+            sign = -1.0 if len(groups) == 3 and groups[0] else 1.0
+            num, den = _to_float(groups[-2]), _to_float(groups[-1])
+            if num is not None and den:
+                return m.group(0).strip(), sign * num / den
+    return last_number_value(text)
+
+
+def numbers_equal(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+
+
+class Gsm8kScorer(BaseScorer):
+    """GSM8K: the final answer is the last ``\\boxed{}`` if there is one, else the last number in the output;
+    score 1.0 if it equals the ground truth numerically (relative tolerance 1e-6), else 0.0.
+
+    The reference took only the last number (never the box); the prompts ask for ``\\boxed{}``, so the box wins.
+    Label: ``ground_truth`` (string or number, e.g. "1,234" or 72).
+    """
+
+    name = "gsm8k"
+
+    def check_label(self, label: Mapping[str, Any]) -> None:
+        ground_truth = require_scalar(label, "ground_truth", hint="gsm8k labels need the numeric final answer.")
+        if answer_value(ground_truth) is None:
+            raise LabelError(
+                f"{ground_truth!r:.60} is not a number", data_source=label.get("data_source"), field="ground_truth"
+            )
+
+    def score_answer(self, response: str, label: Mapping[str, Any]) -> ScoreResult:
+        _, gold = answer_value(str(label["ground_truth"]))  # type: ignore[misc]  # checked in check_label
+        boxed = last_boxed(response)
+        if boxed is not None:
+            found, source = answer_value(boxed), "\\boxed{}"
+        else:
+            found, source = last_number_value(response), "last number"
+        if found is None:
+            return ScoreResult(score=0.0, explanation=f"no number found ({source})")
+        text, value = found
+        correct = numbers_equal(value, gold)
+        return ScoreResult(score=1.0 if correct else 0.0, extracted=text, explanation=f"answer from {source}")
+
+
+def _final_box_or_text(response: str) -> str:
+    # math-verify reads every box and would turn "\\boxed{3} ... corrected: \\boxed{4}" into the set {3, 4}, which
+    # equals neither answer; the last box is the model's final answer, as for gsm8k.
+    boxed = last_boxed(response)
+    return f"\\boxed{{{boxed}}}" if boxed is not None else response
+
+
+class MathVerifyScorer(BaseScorer):
+    """MATH-style answers: math-verify parses the response and the ground truth and checks equivalence
+    (fractions vs decimals, intervals, sets, symbolic forms), in worker processes with a per-item time limit.
+    When the response has a ``\\boxed{}``, only the last box is verified. Score 1.0 / 0.0; a timeout or an
+    unparseable ground truth is ``valid=False``.
+
+    Label: ``ground_truth``, the bare answer (e.g. ``\\frac{1}{2}`` or ``[1,3)``), as stored by the reference
+    (``math_verify.parse(solution)[-1]``).
+    """
+
+    def __init__(self, name: str = "math_verify", pool: MathVerifyPool | None = None):
+        self.name = name
+        self._pool = pool
+
+    def check_label(self, label: Mapping[str, Any]) -> None:
+        require_scalar(label, "ground_truth", hint="math labels need the final answer (LaTeX or plain).")
+
+    async def _ascore_answers(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[ScoreResult]:
+        pool = self._pool or get_math_pool()
+        pairs = [(str(label["ground_truth"]).strip(), _final_box_or_text(response)) for response, label in items]
+        outcomes = await asyncio.to_thread(pool.verify, pairs)
+        results = []
+        for outcome in outcomes:
+            if outcome.error is not None:
+                results.append(ScoreResult.invalid(outcome.error, extracted=outcome.extracted))
+            elif outcome.extracted is None:
+                results.append(ScoreResult(score=0.0, explanation="math-verify found no answer"))
+            else:
+                results.append(ScoreResult(score=1.0 if outcome.equal else 0.0, extracted=outcome.extracted))
+        return results

@@ -1,0 +1,187 @@
+"""Which scorer handles which ``data_source``, and the batch entry point ``score_responses``.
+
+Matching is exact and case-sensitive, against a scorer's name or one of its listed aliases; nothing is matched by
+substring (the reference tested ``"mmlu" in data_source``, which silently missed ``TIGER-Lab/MMLU-Pro``). An unknown
+name raises ``UnknownDataSourceError`` listing the known ones. Built-in table:
+
+=====================  ===========================================================  ==============================
+scorer (canonical)     aliases                                                      label fields
+=====================  ===========================================================  ==============================
+gsm8k                  openai/gsm8k                                                 ground_truth (number)
+hendrycks_math         EleutherAI/hendrycks_math                                    ground_truth (answer LaTeX)
+math_verify            (generic math-verify equivalence for other math sources)     ground_truth (answer LaTeX)
+mmlu_sycophancy        cais/mmlu, mmlu_sycophancy_new                               ground_truth (hint letter A-D)
+mmlu_pro_sycophancy    TIGER-Lab/MMLU-Pro                                           ground_truth (hint letter A-J)
+sycophancy_judge       helpful_instructions, anthropic_hh_rlhf,                     raw_question_for_monitor
+                       HuggingFaceH4/helpful-instructions, Anthropic/hh-rlhf
+exact_match            -                                                            ground_truth, numeric (opt.)
+arithmetic             -                                                            ground_truth (integer)
+=====================  ===========================================================  ==============================
+
+Add more with ``register_scorer(name, factory, aliases=...)``; a factory takes the judge (config, client or None).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from openrlhf_classmate.scoring.aio import run_sync
+from openrlhf_classmate.scoring.base import Scorer
+from openrlhf_classmate.scoring.exact_match import ArithmeticScorer, ExactMatchScorer
+from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
+from openrlhf_classmate.scoring.labels import LabelError, parse_label
+from openrlhf_classmate.scoring.math import Gsm8kScorer, MathVerifyScorer
+from openrlhf_classmate.scoring.multiple_choice import MMLU_LETTERS, MMLU_PRO_LETTERS, MultipleChoiceScorer
+from openrlhf_classmate.scoring.result import ScoreResult
+from openrlhf_classmate.scoring.sycophancy import SycophancyJudgeScorer
+
+Judge = JudgeConfig | JudgeClient | None
+ScorerFactory = Callable[[Judge], Scorer]
+
+
+class UnknownDataSourceError(LabelError):
+    """No scorer is registered under this data_source (exact, case-sensitive match)."""
+
+
+@dataclass(frozen=True)
+class ScorerEntry:
+    name: str
+    factory: ScorerFactory
+    aliases: tuple[str, ...] = ()
+
+
+_ENTRIES: dict[str, ScorerEntry] = {}
+_NAMES: dict[str, str] = {}  # name or alias -> canonical name
+
+
+def register_scorer(name: str, factory: ScorerFactory, aliases: Sequence[str] = (), *, replace: bool = False) -> None:
+    """Register ``factory`` (called with the judge config/client or None) under ``name`` and its ``aliases``.
+
+    Names are matched exactly. Re-registering a taken name or alias raises unless ``replace=True``.
+    """
+    keys = [name, *aliases]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate names in {keys}")
+    taken = [k for k in keys if k in _NAMES]
+    if taken and not replace:
+        raise ValueError(f"data_source names already registered: {taken}; pass replace=True to override")
+    for k in taken:  # take the names away from whichever entry had them
+        if k not in _NAMES:  # already gone with its entry
+            continue
+        owner = _ENTRIES[_NAMES.pop(k)]
+        if k == owner.name:
+            del _ENTRIES[owner.name]
+            for alias in owner.aliases:
+                _NAMES.pop(alias, None)
+        else:
+            _ENTRIES[owner.name] = ScorerEntry(owner.name, owner.factory, tuple(a for a in owner.aliases if a != k))
+    _ENTRIES[name] = ScorerEntry(name, factory, tuple(aliases))
+    for k in keys:
+        _NAMES[k] = name
+
+
+def known_data_sources() -> dict[str, str]:
+    """Every accepted data_source (names and aliases) mapped to its canonical scorer name."""
+    return dict(_NAMES)
+
+
+def resolve_data_source(data_source: str) -> str:
+    """The canonical scorer name for ``data_source``; ``UnknownDataSourceError`` if there is none."""
+    try:
+        return _NAMES[data_source]
+    except (KeyError, TypeError):
+        pass
+    hint = ""
+    folded = {k.casefold(): k for k in _NAMES}
+    if isinstance(data_source, str) and data_source.casefold() in folded:
+        hint = f" Did you mean {folded[data_source.casefold()]!r}? (names are case-sensitive)"
+    elif isinstance(data_source, str):
+        close = difflib.get_close_matches(data_source, list(_NAMES), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownDataSourceError(
+        f"no scorer for this data_source.{hint} Known names (exact match): {', '.join(sorted(_NAMES))}. "
+        "Fix the dataset's data_source, or register a scorer with scoring.register_scorer().",
+        data_source=data_source,
+        field="data_source",
+    )
+
+
+def get_scorer(data_source: str, *, judge: Judge = None) -> Scorer:
+    """A scorer for ``data_source`` (name or alias). ``judge`` is needed by judge-based scorers only."""
+    return _ENTRIES[resolve_data_source(data_source)].factory(judge)
+
+
+async def ascore_responses(
+    responses: Sequence[str | None], labels: Sequence[Mapping[str, Any] | str], *, judge: Judge = None
+) -> list[ScoreResult]:
+    """Score a batch of final answers (None = the model gave none) against their labels; results in input order.
+
+    Labels are parsed and checked first, so a bad label raises ``LabelError`` (row, data source and field named)
+    before any judge call. Rows are grouped by scorer and each scorer gets one batch call; the groups run
+    concurrently. Pass a ``JudgeClient`` as ``judge`` to read its ``stats`` afterwards.
+    """
+    if len(responses) != len(labels):
+        raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
+    parsed: list[dict[str, Any]] = []
+    groups: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        try:
+            flat = parse_label(label)
+            groups.setdefault(resolve_data_source(flat["data_source"]), []).append(i)
+        except LabelError as e:
+            raise e.with_index(i) from None
+        parsed.append(flat)
+    if isinstance(judge, JudgeConfig):
+        judge = JudgeClient(judge)  # one client (and one stats record) for the whole call
+    scorers = {name: get_scorer(name, judge=judge) for name in groups}
+    for name, rows in groups.items():
+        check = getattr(scorers[name], "check_label", None)
+        for i in rows if check else ():
+            try:
+                check(parsed[i])
+            except LabelError as e:
+                raise e.with_index(i) from None
+    for scorer in scorers.values():
+        getattr(scorer, "check_config", lambda: None)()
+
+    outputs = await asyncio.gather(
+        *(scorers[name].ascore([(responses[i], parsed[i]) for i in rows]) for name, rows in groups.items())
+    )
+    results: list[ScoreResult | None] = [None] * len(responses)
+    for rows, scored in zip(groups.values(), outputs, strict=True):
+        if len(scored) != len(rows):
+            raise RuntimeError(f"a scorer returned {len(scored)} results for {len(rows)} items")
+        for i, r in zip(rows, scored, strict=True):
+            results[i] = r
+    return results  # type: ignore[return-value]
+
+
+def score_responses(
+    responses: Sequence[str | None], labels: Sequence[Mapping[str, Any] | str], *, judge: Judge = None
+) -> list[ScoreResult]:
+    """Synchronous ``ascore_responses`` (runs its own event loop; see ``aio.run_sync``)."""
+    return run_sync(ascore_responses(responses, labels, judge=judge))
+
+
+def _register_builtins() -> None:
+    register_scorer("gsm8k", lambda judge: Gsm8kScorer(), aliases=("openai/gsm8k",))
+    register_scorer("hendrycks_math", lambda judge: MathVerifyScorer("hendrycks_math"),
+                    aliases=("EleutherAI/hendrycks_math",))
+    register_scorer("math_verify", lambda judge: MathVerifyScorer("math_verify"))
+    register_scorer("mmlu_sycophancy", lambda judge: MultipleChoiceScorer("mmlu_sycophancy", MMLU_LETTERS),
+                    aliases=("cais/mmlu", "mmlu_sycophancy_new"))
+    register_scorer("mmlu_pro_sycophancy",
+                    lambda judge: MultipleChoiceScorer("mmlu_pro_sycophancy", MMLU_PRO_LETTERS),
+                    aliases=("TIGER-Lab/MMLU-Pro",))
+    register_scorer("sycophancy_judge", SycophancyJudgeScorer,
+                    aliases=("helpful_instructions", "anthropic_hh_rlhf", "HuggingFaceH4/helpful-instructions",
+                             "Anthropic/hh-rlhf"))
+    register_scorer("exact_match", lambda judge: ExactMatchScorer())
+    register_scorer("arithmetic", lambda judge: ArithmeticScorer())
+
+
+_register_builtins()
