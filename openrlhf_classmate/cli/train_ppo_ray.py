@@ -14,7 +14,7 @@ import sys
 import openrlhf_classmate  # noqa: F401  (CPU shims first)
 from openrlhf_classmate.integration import patches
 from openrlhf_classmate.integration.args import ConfigError, parse_args
-from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH, classmate_enabled
+from openrlhf_classmate.integration.classmate_config import classmate_enabled
 
 CLASSMATE_EXECUTOR_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration", "classmate_executor.py"

@@ -23,7 +23,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
-
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,

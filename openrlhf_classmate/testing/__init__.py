@@ -1,0 +1,1 @@
+"""Small helpers for tests, demos and benchmarks (no downloads, no GPU)."""
