@@ -1,7 +1,7 @@
 """Tiny causal LMs with local tokenizers, saved as Hugging Face model directories (nothing is downloaded).
 
 Used by the tests, the CPU end-to-end runs and the demo: ``save_tiny_model(path, words)`` writes a randomly
-initialised Qwen2-architecture model (a few thousand to a few million parameters) plus a word-level tokenizer with
+initialised Llama-architecture model (a few thousand to a few million parameters) plus a word-level tokenizer with
 ``<think>`` / ``</think>`` and a chat template, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
 """
 
@@ -25,10 +25,12 @@ def save_tiny_model(
     max_position_embeddings: int = 512,
     chat_template: str | None = None,
 ) -> str:
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_word_tokenizer(words, chat_template=chat_template)
-    config = Qwen2Config(
+    # Llama, not Qwen2: transformers forces its Qwen2 (byte-level BPE) tokenizer class onto any qwen2 model directory,
+    # which would silently re-tokenise our word-level vocabulary.
+    config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
@@ -42,7 +44,7 @@ def save_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id
     )

@@ -1,0 +1,238 @@
+"""Group-normalised advantages for the classmate estimators (classmate_method.md §5, §12.2, §13, §14.1).
+
+Notation (per response i of a prompt group g): R^m = main reward, R^c = classmate reward, v = response mask,
+m = CoT mask (only its valid tokens are used: m := m ∧ v), ok = classmate validity. Padding always gets 0.
+
+Group normaliser (§5.1), per group over the group's *valid* entries:
+
+    μ_g = mean, σ_g = unbiased std (divide by n_g - 1)
+    A_i = (R_i - μ_g) / (σ_g + ε)   if std_norm   else   R_i - μ_g
+
+An entry that is invalid, or whose group has fewer than 2 valid entries, gets A = 0 (it "has no advantage" for that
+stream) and never enters the statistics. A group whose valid rewards are all equal gets exactly 0.
+
+With A^m = groupnorm(R^m), A^c = groupnorm(R^c over ok):
+
+    grpo              groupnorm(R^m + R^c) · v                         (reward-sum baseline; R^c = 0 → plain GRPO)
+    grpo_w_classmate  A^comb = groupnorm(R^m + R^c);  A^comb on m, A^m on v - m   (classmate_partial)
+                                                      A^comb · v                  (all)
+    gdpo              S = w_m A^m + w_c A^c, batch-normalised S_bn = (S - mean S) / (std S + ε) over all B
+                      responses (unbiased std);
+                      S_bn on m, A^m on v - m (classmate_partial) or S_bn · v (all)
+    gdpo_wo_bn        the same with S instead of S_bn
+    separated         main_advantages = A^m · v;  classmate_advantages = A^c · m (classmate_partial) or A^c · v
+                      (all); advantages = their sum
+    separated_non_neg the same with A^c := max(A^c, 0)
+
+Classmate-invalid responses: A^c = 0 for them. For the combined stream A^comb (grpo, grpo_w_classmate) the invalid
+responses are left out of the statistics, and every response without a defined A^comb (invalid, or fewer than 2
+valid entries in its group) uses A^m instead: it is trained as plain GRPO, since it has no classmate signal.
+With ``classmate_valid=None`` every response is valid and the formulas are exactly those above.
+
+Everything is vectorised with segment sums (``index_add``, ``scatter_reduce``) over ``torch.unique`` group ids; statistics are
+computed in float64 and the outputs are cast to the dtype of ``main_rewards`` (float32 for integer input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+ESTIMATORS = ("grpo", "grpo_w_classmate", "gdpo", "gdpo_wo_bn", "separated", "separated_non_neg")
+TOKEN_MODES = ("classmate_partial", "all")
+
+
+def _group_ids(group_index: torch.Tensor) -> tuple[torch.Tensor, int]:
+    # Arbitrary ids (uids hashed to ints, prompt indices, ...) -> 0..G-1.
+    uniq, inverse = torch.unique(group_index, return_inverse=True)
+    return inverse, int(uniq.numel())
+
+
+def _check_group_sizes(inverse: torch.Tensor, num_groups: int, std_norm: bool) -> None:
+    if not std_norm:
+        return
+    sizes = torch.bincount(inverse, minlength=num_groups)
+    if (sizes < 2).any():
+        raise ValueError(
+            f"group_index has {int((sizes < 2).sum())} group(s) of size 1; a group needs at least 2 responses "
+            f"for std normalisation (std_norm=True)"
+        )
+
+
+def _group_norm(
+    values: torch.Tensor,
+    inverse: torch.Tensor,
+    num_groups: int,
+    valid: torch.Tensor,
+    std_norm: bool,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A [B] float64, defined [B] bool): segment mean / unbiased std over valid entries (module docstring)."""
+    values = torch.where(valid, values, 0.0)
+    zeros = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+
+    def per_sample(per_group: torch.Tensor) -> torch.Tensor:
+        return per_group.index_select(0, inverse)  # much cheaper than advanced indexing per_group[inverse]
+
+    n = zeros.index_add(0, inverse, valid.to(values.dtype))
+    mean = zeros.index_add(0, inverse, values) / n.clamp(min=1)
+    centred = torch.where(valid, values - per_sample(mean), 0.0)
+    var = zeros.index_add(0, inverse, centred * centred) / (n - 1).clamp(min=1)
+    # Exact zeros for constant groups (the floating-point mean may differ from the common value by an ulp).
+    big = torch.finfo(values.dtype).max
+    gmax = torch.full_like(zeros, -big).scatter_reduce(0, inverse, torch.where(valid, values, -big), "amax")
+    gmin = torch.full_like(zeros, big).scatter_reduce(0, inverse, torch.where(valid, values, big), "amin")
+    defined = valid & (per_sample(n) >= 2)
+    centred = torch.where(per_sample(gmax == gmin), 0.0, centred)
+    adv = centred / (per_sample(var.sqrt()) + eps) if std_norm else centred
+    return torch.where(defined, adv, 0.0), defined
+
+
+def _as_1d(name: str, x: torch.Tensor, batch: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.shape != (batch,):
+        raise ValueError(f"{name} must have shape ({batch},) like main_rewards, got {tuple(x.shape)}")
+    return x
+
+
+def _check_finite(name: str, x: torch.Tensor, where: torch.Tensor | None = None) -> None:
+    bad = ~torch.isfinite(x)
+    if where is not None:
+        bad = bad & where
+    if bad.any():
+        raise ValueError(f"{name} has {int(bad.sum())} non-finite (NaN/inf) value(s)")
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.float32
+
+
+def group_normalize(
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    std_norm: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Per-group normalised rewards [B] (module docstring); invalid entries get 0.
+
+    Raises ValueError for group sizes of 1 with ``std_norm`` (counting all entries, valid or not) and for
+    non-finite rewards at valid entries.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    batch = rewards.shape[0]
+    _as_1d("group_index", group_index, batch)
+    ok = torch.ones(batch, dtype=torch.bool, device=rewards.device) if valid is None else _as_1d("valid", valid, batch)
+    ok = ok.bool()
+    _check_finite("rewards", rewards, ok)
+    inverse, num_groups = _group_ids(group_index)
+    _check_group_sizes(inverse, num_groups, std_norm)
+    adv, _ = _group_norm(rewards.double(), inverse, num_groups, ok, std_norm, eps)
+    return adv.to(_out_dtype(rewards))
+
+
+def _place(on_cot: torch.Tensor, off_cot: torch.Tensor, cot: torch.Tensor, resp: torch.Tensor) -> torch.Tensor:
+    """[B, T]: ``on_cot`` on CoT tokens, ``off_cot`` on the other valid tokens, 0 on padding."""
+    out = torch.where(cot, on_cot.unsqueeze(1), off_cot.unsqueeze(1))
+    # In place: one [B, T] allocation in all (the token placement is memory-bound, see bench/advantages.py).
+    return torch.where(resp, out, out.new_zeros(()), out=out)
+
+
+def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T]: ``scalar`` where ``mask``, 0 elsewhere."""
+    return torch.where(mask, scalar.unsqueeze(1), scalar.new_zeros(()))
+
+
+def compute_advantages(
+    estimator: str,
+    main_rewards: torch.Tensor,
+    classmate_rewards: torch.Tensor | None,
+    group_index: torch.Tensor,
+    response_mask: torch.Tensor,
+    cot_mask: torch.Tensor,
+    token_mode: str,
+    std_norm: bool,
+    classmate_valid: torch.Tensor | None = None,
+    weights: Sequence[float] = (1.0, 1.0),
+    eps: float = 1e-6,
+) -> dict[str, torch.Tensor]:
+    """Token-level advantages for ``estimator`` (formulas in the module docstring).
+
+    Returns ``"advantages"`` [B, T]; for ``separated`` / ``separated_non_neg`` also ``"main_advantages"`` and
+    ``"classmate_advantages"`` [B, T]. For logging: ``"main_scalar"`` (A^m) and ``"classmate_scalar"`` (A^c as
+    used, i.e. clamped for separated_non_neg) [B], plus ``"combined_scalar"`` [B] (A^comb, S or S_bn) for the
+    single-advantage estimators. ``weights = (w_m, w_c)`` is used by gdpo / gdpo_wo_bn only.
+    ``classmate_rewards=None`` means no classmate (all zeros, all valid).
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
+    if token_mode not in TOKEN_MODES:
+        raise ValueError(f"unknown token_mode {token_mode!r}; expected one of {TOKEN_MODES}")
+    if not isinstance(main_rewards, torch.Tensor) or main_rewards.dim() != 1:
+        shape = tuple(main_rewards.shape) if isinstance(main_rewards, torch.Tensor) else type(main_rewards).__name__
+        raise ValueError(f"main_rewards must be a 1-D tensor [B], got {shape}")
+    batch = main_rewards.shape[0]
+    device = main_rewards.device
+    if classmate_rewards is None:
+        classmate_rewards = torch.zeros(batch, dtype=main_rewards.dtype, device=device)
+    _as_1d("classmate_rewards", classmate_rewards, batch)
+    _as_1d("group_index", group_index, batch)
+    if response_mask.dim() != 2 or response_mask.shape[0] != batch:
+        raise ValueError(f"response_mask must have shape ({batch}, T), got {tuple(response_mask.shape)}")
+    if cot_mask.shape != response_mask.shape:
+        raise ValueError(
+            f"cot_mask shape {tuple(cot_mask.shape)} does not match response_mask shape {tuple(response_mask.shape)}"
+        )
+    if classmate_valid is None:
+        ok = torch.ones(batch, dtype=torch.bool, device=device)
+    else:
+        ok = _as_1d("classmate_valid", classmate_valid, batch).bool()
+    if len(weights) != 2:
+        raise ValueError(f"weights must be (w_main, w_classmate), got {weights}")
+    resp = response_mask.bool()
+    cot = cot_mask.bool()  # only read on valid tokens: CoT marks on padding are ignored (no O(B·T) check)
+    _check_finite("main_rewards", main_rewards)
+    _check_finite("classmate_rewards", classmate_rewards, ok)
+
+    inverse, num_groups = _group_ids(group_index)
+    _check_group_sizes(inverse, num_groups, std_norm)
+    out_dtype = _out_dtype(main_rewards)
+    r_main = main_rewards.double()
+    r_cm = torch.where(ok, classmate_rewards.double(), 0.0)
+    everyone = torch.ones(batch, dtype=torch.bool, device=device)
+
+    a_main, _ = _group_norm(r_main, inverse, num_groups, everyone, std_norm, eps)
+    a_cm, _ = _group_norm(r_cm, inverse, num_groups, ok, std_norm, eps)
+    if estimator == "separated_non_neg":
+        a_cm = a_cm.clamp(min=0.0)  # §5.3: do not penalise the main model when the classmate fails
+    result = {"main_scalar": a_main.to(out_dtype), "classmate_scalar": a_cm.to(out_dtype)}
+    a_main_o = result["main_scalar"]
+
+    if estimator in ("grpo", "grpo_w_classmate"):
+        a_comb, defined = _group_norm(r_main + r_cm, inverse, num_groups, ok, std_norm, eps)
+        a_comb = torch.where(defined, a_comb, a_main).to(out_dtype)
+        result["combined_scalar"] = a_comb
+        if estimator == "grpo" or token_mode == "all":
+            result["advantages"] = _broadcast(a_comb, resp)
+        else:
+            result["advantages"] = _place(a_comb, a_main_o, cot, resp)
+    elif estimator in ("gdpo", "gdpo_wo_bn"):
+        w_main, w_cm = float(weights[0]), float(weights[1])
+        s = w_main * a_main + w_cm * a_cm
+        if estimator == "gdpo":  # §13: HEAD's batch normalisation over the whole batch
+            centred = s - s.mean()
+            std = centred.square().sum().div(max(batch - 1, 1)).sqrt()
+            s = centred / (std + eps)
+        s = s.to(out_dtype)
+        result["combined_scalar"] = s
+        result["advantages"] = _broadcast(s, resp) if token_mode == "all" else _place(s, a_main_o, cot, resp)
+    else:  # separated, separated_non_neg
+        main_adv = _broadcast(a_main_o, resp)
+        cm_adv = _broadcast(result["classmate_scalar"], cot & resp if token_mode == "classmate_partial" else resp)
+        result["main_advantages"] = main_adv
+        result["classmate_advantages"] = cm_adv
+        result["advantages"] = main_adv + cm_adv
+    return result

@@ -1,0 +1,367 @@
+"""Policy losses for the classmate objectives, drop-in for openrlhf 0.11.2's ``PolicyLoss``.
+
+Both modules take the call that ``ActorPPOTrainer.training_step`` makes,
+
+    fn(action_log_probs, old_action_log_probs, advantages, action_mask=..., rollout_log_probs=..., **loss_batch_info)
+
+(``loss_batch_info`` = ``dp_size``, ``batch_num_tokens``, ``global_batch_size``), plus keyword-only classmate
+tensors, and return the same 5-tuple ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`` with the last two
+``None`` (no rollout importance-sampling correction: ``rollout_log_probs`` is accepted and ignored).
+Per-call statistics are kept in ``self.last_stats`` (detached 0-d tensors) for the trainer to log.
+
+The single-advantage estimators (grpo, grpo_w_classmate, gdpo, gdpo_wo_bn) use openrlhf's ``PolicyLoss`` unchanged.
+
+openrlhf is imported lazily (on the first token-mean / seq-mean-token-mean aggregation) so that
+``openrlhf_classmate.algo`` stays cheap to import (openrlhf.models pulls in deepspeed, peft and transformers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+_LOG_RATIO_CLAMP = 20.0  # as openrlhf's PolicyLoss and the reference: ratio = exp(clamp(Δ, ±20))
+
+
+def _openrlhf_aggregate_loss():
+    # Our parent package ``openrlhf_classmate`` is already imported (it is this module's parent), so its CPU shims
+    # are installed before openrlhf is.
+    from openrlhf.models.loss import aggregate_loss
+
+    return aggregate_loss
+
+
+def aggregate(
+    loss: torch.Tensor,
+    mask: torch.Tensor | None,
+    mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: float | torch.Tensor | None = None,
+    global_batch_size: float | torch.Tensor | None = None,
+    max_response_len: int | None = None,
+    ref_micro_batch_size: float | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss [B, T] to the scalar that is backpropagated for one micro-batch.
+
+    ``token-mean`` and ``seq-mean-token-mean`` are openrlhf's ``aggregate_loss`` (token_level_loss True / False),
+    which turn ``loss_batch_info`` into one global mean per optimizer step.
+
+    ``seq-mean-token-sum-norm`` (classmate_method.md §6.2, for reproducing the reference runs). With T =
+    ``max_response_len`` if given, else ``mask.shape[1]`` (the reference pads every rollout to
+    ``max_response_length``, so pass it to reproduce the reference scale):
+
+    * without ``global_batch_size``: ``Σ_i Σ_t L·v / T`` (a sum over the micro-batch's sequences, as in §6.2;
+      0.611281 on §12.3).
+    * with ``loss_batch_info``: ``Σ_i Σ_t L·v / T · dp_size · C / global_batch_size``, C = ``ref_micro_batch_size``
+      (default ``global_batch_size / dp_size``).
+
+    Why: the reference backpropagates ``Σ_{i∈micro} Σ_t L·v / T`` per micro-batch scaled by 1/GA and averages
+    gradients over W ranks, so its per-optimizer-step objective is ``Σ_{i∈step} Σ_t L·v · C / (T · N)`` with N the
+    sequences in the step and C = N / (GA · W) its micro-batch size (§6.2). In openrlhf, DeepSpeed also divides
+    every micro-batch loss by gas (``engine.backward``, ``scale_wrt_gas=True``) and DDP/ZeRO averages over the
+    ``dp_size`` ranks, while ``iter_grad_accum_global_norm`` passes ``global_batch_size = N / gas`` (N = non-empty
+    sequences of the whole window, all ranks); the dynamic-batch path passes N with gas = 1. Backpropagating
+    ``x_k = Σ_{i∈k} Σ_t L·v · dp_size · C / (T · global_batch_size)`` therefore yields
+    ``Σ_k x_k / (gas · dp_size) = Σ_{i∈step} Σ_t L·v · C / (T · N)``, the reference objective, with every sequence
+    weighted equally even when micro-batches have unequal sizes (ragged last window, empty-mask rows). With a
+    fixed C the value no longer depends on how the step is cut into micro-batches. With the default C =
+    ``global_batch_size / dp_size`` (the mean micro-batch size of the window; equal to openrlhf's
+    ``train.micro_batch_size`` on the non-dynamic path, where micro-batches are uniform) the formula reduces to
+    ``Σ_i Σ_t L·v / T``, i.e. literally the reference's per-micro-batch loss. Pass the reference's
+    ``ppo_micro_batch_size_per_gpu`` (16 in its scripts) as ``ref_micro_batch_size`` to fix the scale
+    independently of the openrlhf batch layout (always do so with dynamic batching).
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {LOSS_AGG_MODES}")
+    if mask is None:
+        mask = torch.ones_like(loss, dtype=torch.bool)
+    if mode != "seq-mean-token-sum-norm":
+        return _openrlhf_aggregate_loss()(
+            loss,
+            mask,
+            token_level_loss=mode == "token-mean",
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+        )
+    width = max_response_len if max_response_len is not None else mask.shape[-1]
+    total = (loss * mask).sum() / width
+    if global_batch_size is None:
+        return total
+    scale = ref_micro_batch_size if ref_micro_batch_size is not None else global_batch_size / dp_size
+    return total * dp_size * scale / global_batch_size
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return x.mean()
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _ppo_token_loss(
+    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, dual_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped PPO loss, op for op as openrlhf's ``PolicyLoss`` ("ppo"); returns (loss, clipped flag)."""
+    surr1 = ratio * adv
+    surr2 = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
+    if dual_clip is None:
+        loss = -torch.min(surr1, surr2)
+    else:
+        clip1 = torch.min(surr1, surr2)
+        clip2 = torch.max(clip1, dual_clip * adv)  # dual clip: lower bound for negative advantages
+        loss = -torch.where(adv < 0, clip2, clip1)
+    return loss, torch.lt(surr2, surr1)
+
+
+def _check_dual_clip(name: str, value: float | None) -> None:
+    if value is not None and value <= 1.0:
+        raise ValueError(f"{name} must be > 1.0 (or None), got {value}")
+
+
+def _check_same_shape(name: str, x: torch.Tensor, ref: torch.Tensor) -> None:
+    if x.shape != ref.shape:
+        raise ValueError(f"{name} shape {tuple(x.shape)} does not match log_probs shape {tuple(ref.shape)}")
+
+
+class SeparatedPolicyLoss(torch.nn.Module):
+    """Two clipped PPO terms with the same ratio, mask and aggregation (openrlhf_0.11.2_extension.md §3(c)):
+
+        L = PPO(r, A^m; ε_lo, ε_hi, dual_clip) + PPO(r, A^c; ε^c_lo, ε^c_hi, classmate_dual_clip)
+
+    ``advantages`` are the main advantages A^m·v; ``classmate_advantages`` are A^c·m (or A^c·v). Each term gets the
+    gradient of its own advantage, so the classmate stream really trains the CoT tokens (unlike
+    ``VanillaClassmatePolicyLoss``). With ``classmate_advantages == 0`` this equals openrlhf's ``PolicyLoss``
+    exactly. The returned ``clip_ratio`` is the main term's (openrlhf's definition: surr2 < surr1).
+    """
+
+    def __init__(
+        self,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        dual_clip: float | None = None,
+        classmate_clip_eps_low: float = 0.4,
+        classmate_clip_eps_high: float = 0.4,
+        classmate_dual_clip: float | None = None,
+        loss_agg_mode: str = "token-mean",
+        max_response_len: int | None = None,
+        ref_micro_batch_size: float | None = None,
+    ) -> None:
+        super().__init__()
+        if loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
+        _check_dual_clip("dual_clip", dual_clip)
+        _check_dual_clip("classmate_dual_clip", classmate_dual_clip)
+        self.clip_eps_low, self.clip_eps_high, self.dual_clip = clip_eps_low, clip_eps_high, dual_clip
+        self.classmate_clip_eps_low = classmate_clip_eps_low
+        self.classmate_clip_eps_high = classmate_clip_eps_high
+        self.classmate_dual_clip = classmate_dual_clip
+        self.loss_agg_mode = loss_agg_mode
+        self.max_response_len = max_response_len
+        self.ref_micro_batch_size = ref_micro_batch_size
+        self.last_stats: dict[str, torch.Tensor] = {}
+
+    def _token_terms(self, log_probs, old_log_probs, advantages, classmate_advantages):
+        log_ratio = log_probs - old_log_probs
+        ratio = log_ratio.clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
+        main_tok, main_clipped = _ppo_token_loss(
+            ratio, advantages, self.clip_eps_low, self.clip_eps_high, self.dual_clip
+        )
+        cm_tok, cm_clipped = _ppo_token_loss(
+            ratio,
+            classmate_advantages,
+            self.classmate_clip_eps_low,
+            self.classmate_clip_eps_high,
+            self.classmate_dual_clip,
+        )
+        return main_tok, cm_tok, main_clipped, cm_clipped
+
+    def token_loss(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        classmate_advantages: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-token loss [B, T] before aggregation (main term + classmate term)."""
+        main_tok, cm_tok, _, _ = self._token_terms(log_probs, old_log_probs, advantages, classmate_advantages)
+        return main_tok + cm_tok
+
+    def forward(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        rollout_log_probs: torch.Tensor | None = None,
+        dp_size: int = 1,
+        batch_num_tokens: float | torch.Tensor | None = None,
+        global_batch_size: float | torch.Tensor | None = None,
+        *,
+        classmate_advantages: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+        _check_same_shape("advantages", advantages, log_probs)
+        _check_same_shape("classmate_advantages", classmate_advantages, log_probs)
+        main_tok, cm_tok, main_clipped, cm_clipped = self._token_terms(
+            log_probs, old_log_probs, advantages, classmate_advantages
+        )
+        agg = dict(
+            mode=self.loss_agg_mode,
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+            max_response_len=self.max_response_len,
+            ref_micro_batch_size=self.ref_micro_batch_size,
+        )
+        # aggregate() is linear, so this equals aggregating the summed per-token loss.
+        main_loss = aggregate(main_tok, action_mask, **agg)
+        cm_loss = aggregate(cm_tok, action_mask, **agg)
+        loss = main_loss + cm_loss
+        clip_ratio = _masked_mean(main_clipped.float(), action_mask)
+        ppo_kl = _masked_mean(-(log_probs - old_log_probs).detach(), action_mask)
+        self.last_stats = {
+            "main_loss": main_loss.detach(),
+            "classmate_loss": cm_loss.detach(),
+            "main_clip_ratio": clip_ratio.detach(),
+            "classmate_clip_ratio": _masked_mean(cm_clipped.float(), action_mask).detach(),
+            "ppo_kl": ppo_kl,
+        }
+        return loss, clip_ratio, ppo_kl, None, None
+
+
+class VanillaClassmatePolicyLoss(torch.nn.Module):
+    """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (classmate_method.md §6.1), exactly.
+
+    Per token, with ``r = exp(clamp(ℓθ - ℓold, ±20))``, ``c = exp(clamp(ℓcl - ℓold, ±20))`` (ℓcl = the classmate's
+    log-prob of the main model's CoT token), ``r̄ = clamp(r, 1-ε_lo, 1+ε_hi)``, ``c̄ = clamp(c, 1-ε^c_lo, 1+ε^c_hi)``
+    and m = CoT mask:
+
+        v1 = r·A^m + m·c·A^c      v2 = r̄·A^m + m·c̄·A^c      v3 = C·A^m + m·C_c·A^c
+        L1 = max(-v1, -v2)
+        L  = min(-v3, L1) where v2 < 0, else L1          (dual clip on the sign of v2; skipped if dual_clip is None)
+
+    aggregated with ``loss_agg_mode`` (default ``seq-mean-token-sum-norm``, §6.2) over the response mask.
+
+    **The classmate advantage never contributes a gradient of its own.** c, c̄, A^c and v3 do not depend on θ
+    (ℓcl comes from the classmate engine and ℓold is stored), so ∂L/∂ℓθ is -A^m·r on the v1 branch and on the v2
+    branch with r inside the clip range, and 0 otherwise. A^c only changes which branch is active per CoT token and
+    adds constants to the reported loss (§6.1 "gradient fact", §11.1, §12.3); ``token_mode`` has no effect on the
+    update. Use it to reproduce the reference runs; ``SeparatedPolicyLoss`` gives the classmate stream a gradient.
+
+    ``classmate_log_probs`` may be -inf (or anything) outside the CoT: it is replaced by ℓold there before the
+    subtraction, so no inf - inf or inf·0 can produce NaN. ℓold and ℓcl are treated as constants (detached).
+
+    ``last_stats``: ``loss``, ``main_clip_ratio`` = mean over v of [r ≠ r̄] (the reference's ``pg_clipfrac``, also
+    the returned ``clip_ratio``), ``classmate_clip_ratio`` = mean over m of [c ≠ c̄] (the reference's repurposed
+    ``pg_clipfrac_lower``), ``ppo_kl`` = mean over v of (ℓold - ℓθ) after the clamp.
+    """
+
+    def __init__(
+        self,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        dual_clip: float | None = 3.0,
+        classmate_clip_eps_low: float = 0.4,
+        classmate_clip_eps_high: float = 0.4,
+        classmate_dual_clip: float | None = 3.0,
+        loss_agg_mode: str = "seq-mean-token-sum-norm",
+        max_response_len: int | None = None,
+        ref_micro_batch_size: float | None = None,
+    ) -> None:
+        super().__init__()
+        if loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
+        _check_dual_clip("dual_clip", dual_clip)
+        _check_dual_clip("classmate_dual_clip", classmate_dual_clip)
+        if dual_clip is not None and classmate_dual_clip is None:
+            raise ValueError("classmate_dual_clip must be set when dual_clip is set (v3 needs both constants)")
+        self.clip_eps_low, self.clip_eps_high, self.dual_clip = clip_eps_low, clip_eps_high, dual_clip
+        self.classmate_clip_eps_low = classmate_clip_eps_low
+        self.classmate_clip_eps_high = classmate_clip_eps_high
+        self.classmate_dual_clip = classmate_dual_clip
+        self.loss_agg_mode = loss_agg_mode
+        self.max_response_len = max_response_len
+        self.ref_micro_batch_size = ref_micro_batch_size
+        self.last_stats: dict[str, torch.Tensor] = {}
+
+    def _token_terms(self, log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask):
+        m = cot_mask.bool()
+        old = old_log_probs.detach()
+        delta = (log_probs - old_log_probs).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP)
+        r = delta.exp()
+        r_clip = r.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high)
+        cl = torch.where(m, classmate_log_probs.detach().to(old.dtype), old)
+        c = (cl - old).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
+        c_clip = c.clamp(1 - self.classmate_clip_eps_low, 1 + self.classmate_clip_eps_high)
+        a_m = advantages
+        a_c = torch.where(m, classmate_advantages, classmate_advantages.new_zeros(()))
+
+        v1 = r * a_m + c * a_c
+        v2 = r_clip * a_m + c_clip * a_c
+        loss_tok = torch.max(-v1, -v2)
+        if self.dual_clip is not None:
+            v3 = self.dual_clip * a_m + self.classmate_dual_clip * a_c
+            loss_tok = torch.where(v2 < 0, torch.min(-v3, loss_tok), loss_tok)
+
+        return loss_tok, (r, r_clip, c, c_clip, delta, m)
+
+    def token_loss(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        classmate_advantages: torch.Tensor,
+        classmate_log_probs: torch.Tensor,
+        cot_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-token loss L [B, T] of §6.1 before aggregation."""
+        loss_tok, _ = self._token_terms(
+            log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
+        )
+        return loss_tok
+
+    def forward(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        rollout_log_probs: torch.Tensor | None = None,
+        dp_size: int = 1,
+        batch_num_tokens: float | torch.Tensor | None = None,
+        global_batch_size: float | torch.Tensor | None = None,
+        *,
+        classmate_advantages: torch.Tensor,
+        classmate_log_probs: torch.Tensor,
+        cot_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+        for name, x in (
+            ("advantages", advantages),
+            ("classmate_advantages", classmate_advantages),
+            ("classmate_log_probs", classmate_log_probs),
+            ("cot_mask", cot_mask),
+        ):
+            _check_same_shape(name, x, log_probs)
+        loss_tok, terms = self._token_terms(
+            log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
+        )
+        r, r_clip, c, c_clip, delta, m = terms
+        loss = aggregate(
+            loss_tok,
+            action_mask,
+            self.loss_agg_mode,
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+            max_response_len=self.max_response_len,
+            ref_micro_batch_size=self.ref_micro_batch_size,
+        )
+        clip_ratio = _masked_mean((r != r_clip).float(), action_mask).detach()
+        ppo_kl = _masked_mean(-delta.detach(), action_mask)
+        self.last_stats = {
+            "loss": loss.detach(),
+            "main_clip_ratio": clip_ratio,
+            "classmate_clip_ratio": _masked_mean((c != c_clip).float(), m).detach(),
+            "ppo_kl": ppo_kl,
+        }
+        return loss, clip_ratio, ppo_kl, None, None

@@ -1,0 +1,385 @@
+"""Advantages of the classmate estimators (classmate_method.md §5, §12.2, §13; issue item 5)."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from openrlhf_classmate.algo.advantages import ESTIMATORS, TOKEN_MODES, compute_advantages, group_normalize
+from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
+from openrlhf_classmate.algo.spans import cot_mask
+
+F64 = torch.float64
+TOL = dict(rtol=0, atol=1e-6)
+
+# §12: one prompt, 4 responses, width 8.
+V = torch.tensor(
+    [[1] * 8, [1] * 6 + [0] * 2, [1] * 8, [1] * 7 + [0]],
+    dtype=torch.bool,
+)
+M = torch.tensor(
+    [
+        [0, 1, 1, 1, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0, 0, 0, 0],
+        [0, 1, 1, 1, 1, 1, 1, 1],
+        [0, 1, 0, 0, 0, 0, 0, 0],
+    ],
+    dtype=torch.bool,
+)
+R_MAIN = torch.tensor([8.0, 3.0, 0.0, 5.0], dtype=F64)
+R_CM = torch.tensor([6.0, 2.0, 4.0, 7.0], dtype=F64)
+GROUP = torch.zeros(4, dtype=torch.long)
+
+
+def _run(estimator, token_mode="classmate_partial", std_norm=False, r_cm=R_CM, **kw):
+    return compute_advantages(estimator, R_MAIN, r_cm, GROUP, V, M, token_mode, std_norm, **kw)
+
+
+def _rows(per_row: list[float], mask: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(per_row, dtype=F64).unsqueeze(1) * mask
+
+
+def _close(actual: torch.Tensor, expected) -> None:
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), **TOL)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# §12 worked example
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_section_12_masks_rewards_chain():
+    """Token ids -> CoT masks -> classmate reward -> advantages, end to end on §12."""
+    o, c, a, e, p = 100, 5, 6, 2, 0
+    ids = torch.tensor(
+        [[o, c, c, c, 101, a, a, e], [o, c, c, 101, a, e, p, p], [o, c, c, c, c, c, c, c], [o, c, 101, a, a, a, e, p]]
+    )
+    spans = cot_mask(ids, V.long(), o, 101, e)
+    assert torch.equal(spans.mask, M)
+    reward, ok, _ = combine_classmate_scores(R_CM.view(4, 1, 1), torch.ones(4, 1, 1, dtype=torch.bool), R_MAIN)
+    out = compute_advantages("separated", R_MAIN, reward, GROUP, V, spans.mask, "classmate_partial", False, ok)
+    _close(out["main_advantages"], _rows([4, -1, -4, 1], V))
+
+
+def test_section_12_2_scalars():
+    un = _run("separated")
+    _close(un["main_scalar"], [4, -1, -4, 1])
+    _close(un["classmate_scalar"], [1.25, -2.75, -0.75, 2.25])
+    norm = _run("separated", std_norm=True)
+    _close(norm["main_scalar"], [1.188177, -0.297044, -1.188177, 0.297044])
+    _close(norm["classmate_scalar"], [0.563734, -1.240215, -0.338241, 1.014722])
+    # σ = centred / normalised - ε
+    assert 4 / norm["main_scalar"][0].item() - 1e-6 == pytest.approx(3.366502, abs=1e-6)
+    assert 1.25 / norm["classmate_scalar"][0].item() - 1e-6 == pytest.approx(2.217356, abs=1e-6)
+    assert statistics.stdev(R_MAIN.tolist()) == pytest.approx(3.366502, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("condition", "a_c", "sigma"),
+    [
+        ("no_classmate_when_main_incorrect", [2.25, -1.75, -3.75, 3.25], 3.304038),
+        ("neg_classmate_when_main_incorrect", [3.25, -0.75, -6.75, 4.25], None),
+        ("no_classmate", [0, 0, 0, 0], None),
+    ],
+)
+def test_section_12_2_conditions(condition, a_c, sigma):
+    reward, ok, _ = combine_classmate_scores(
+        R_CM.view(4, 1, 1), torch.ones(4, 1, 1, dtype=torch.bool), R_MAIN, condition=condition
+    )
+    out = _run("separated", r_cm=reward, classmate_valid=ok)
+    _close(out["classmate_scalar"], a_c)
+    if sigma is not None:
+        normed = _run("separated", std_norm=True, r_cm=reward, classmate_valid=ok)["classmate_scalar"]
+        assert a_c[0] / normed[0].item() - 1e-6 == pytest.approx(sigma, abs=1e-6)
+
+
+def test_section_12_2_gdpo_separated_token_tensors():
+    out = _run("separated")
+    main = torch.tensor(
+        [[4] * 8, [-1] * 6 + [0, 0], [-4] * 8, [1] * 7 + [0]],
+        dtype=F64,
+    )
+    cm_partial = torch.tensor(
+        [
+            [0, 1.25, 1.25, 1.25, 0, 0, 0, 0],
+            [0, -2.75, -2.75, 0, 0, 0, 0, 0],
+            [0] + [-0.75] * 7,
+            [0, 2.25, 0, 0, 0, 0, 0, 0],
+        ],
+        dtype=F64,
+    )
+    _close(out["main_advantages"], main)
+    _close(out["classmate_advantages"], cm_partial)
+    _close(
+        out["advantages"],
+        [
+            [4, 5.25, 5.25, 5.25, 4, 4, 4, 4],
+            [-1, -3.75, -3.75, -1, -1, -1, 0, 0],
+            [-4] + [-4.75] * 7,
+            [1, 3.25, 1, 1, 1, 1, 1, 0],
+        ],
+    )
+    all_mode = _run("separated", token_mode="all")
+    _close(all_mode["main_advantages"], main)
+    _close(all_mode["classmate_advantages"], _rows([1.25, -2.75, -0.75, 2.25], V))
+    _close(all_mode["advantages"], _rows([5.25, -3.75, -4.75, 3.25], V))
+
+
+def test_section_12_2_separated_non_neg():
+    out = _run("separated_non_neg")
+    _close(out["classmate_scalar"], [1.25, 0, 0, 2.25])
+    _close(
+        out["advantages"],
+        [
+            [4, 5.25, 5.25, 5.25, 4, 4, 4, 4],
+            [-1] * 6 + [0, 0],
+            [-4] * 8,
+            [1, 3.25, 1, 1, 1, 1, 1, 0],
+        ],
+    )
+
+
+def _cot_else_main(on_cot: list[float], a_m: list[float]) -> torch.Tensor:
+    return torch.where(M, _rows(on_cot, V), _rows(a_m, V))
+
+
+def test_section_12_2_gdpo_batch_normalised():
+    s_bn = [1.051754, -0.751253, -0.951587, 0.651086]
+    out = _run("gdpo")
+    _close(out["combined_scalar"], s_bn)
+    _close(out["advantages"], _cot_else_main(s_bn, [4, -1, -4, 1]))
+    _close(_run("gdpo", token_mode="all")["advantages"], _rows(s_bn, V))
+    assert statistics.stdev([5.25, -3.75, -4.75, 3.25]) == pytest.approx(4.991660, abs=1e-6)
+
+
+def test_section_12_2_gdpo_wo_bn_and_weights():
+    s = [5.25, -3.75, -4.75, 3.25]
+    out = _run("gdpo_wo_bn")
+    _close(out["combined_scalar"], s)
+    _close(out["advantages"], _cot_else_main(s, [4, -1, -4, 1]))
+    weighted = _run("gdpo_wo_bn", weights=(0.5, 2.0))["combined_scalar"]
+    _close(weighted, [0.5 * 4 + 2 * 1.25, 0.5 * -1 + 2 * -2.75, 0.5 * -4 + 2 * -0.75, 0.5 * 1 + 2 * 2.25])
+
+
+def test_section_12_2_grpo_w_classmate():
+    out = _run("grpo_w_classmate")
+    _close(out["combined_scalar"], [5.25, -3.75, -4.75, 3.25])
+    _close(out["advantages"], _cot_else_main([5.25, -3.75, -4.75, 3.25], [4, -1, -4, 1]))
+    normed = _run("grpo_w_classmate", std_norm=True)
+    s_bn = [1.051754, -0.751253, -0.951587, 0.651086]
+    _close(normed["advantages"], _cot_else_main(s_bn, [1.188177, -0.297044, -1.188177, 0.297044]))
+    _close(_run("grpo_w_classmate", token_mode="all")["advantages"], _rows([5.25, -3.75, -4.75, 3.25], V))
+
+
+def test_section_12_grpo_reward_sum_and_plain():
+    _close(_run("grpo")["advantages"], _rows([5.25, -3.75, -4.75, 3.25], V))
+    plain = compute_advantages("grpo", R_MAIN, None, GROUP, V, M, "all", False)
+    _close(plain["advantages"], _rows([4, -1, -4, 1], V))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A per-sample loop reference of the module docstring's formulas, for random batches.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _loop_groupnorm(values, groups, valid, std_norm, eps):
+    out, defined = [], []
+    for i in range(len(values)):
+        members = [values[j] for j in range(len(values)) if groups[j] == groups[i] and valid[j]]
+        if not valid[i] or len(members) < 2:
+            out.append(0.0)
+            defined.append(False)
+            continue
+        mu = sum(members) / len(members)
+        sd = statistics.stdev(members)
+        centred = 0.0 if max(members) == min(members) else values[i] - mu
+        out.append(centred / (sd + eps) if std_norm else centred)
+        defined.append(True)
+    return out, defined
+
+
+def _loop_advantages(estimator, main, cm, groups, resp, cot, token_mode, std_norm, ok, weights, eps=1e-6):
+    main, cm, groups, ok = main.tolist(), cm.tolist(), groups.tolist(), ok.tolist()
+    cm = [c if k else 0.0 for c, k in zip(cm, ok, strict=True)]
+    a_m, _ = _loop_groupnorm(main, groups, [True] * len(main), std_norm, eps)
+    a_c, _ = _loop_groupnorm(cm, groups, ok, std_norm, eps)
+    if estimator == "separated_non_neg":
+        a_c = [max(x, 0.0) for x in a_c]
+    on_cot = None
+    if estimator in ("grpo", "grpo_w_classmate"):
+        comb, defined = _loop_groupnorm([x + y for x, y in zip(main, cm, strict=True)], groups, ok, std_norm, eps)
+        on_cot = [c if d else m for c, d, m in zip(comb, defined, a_m, strict=True)]
+        if estimator == "grpo":
+            token_mode = "all"
+    elif estimator in ("gdpo", "gdpo_wo_bn"):
+        on_cot = [weights[0] * x + weights[1] * y for x, y in zip(a_m, a_c, strict=True)]
+        if estimator == "gdpo":
+            mu, sd = statistics.mean(on_cot), statistics.stdev(on_cot)
+            on_cot = [(s - mu) / (sd + eps) for s in on_cot]
+    adv = torch.zeros(resp.shape, dtype=F64)
+    for i in range(resp.shape[0]):
+        for t in range(resp.shape[1]):
+            if not resp[i, t]:
+                continue
+            if on_cot is None:  # separated
+                cm_mask = cot[i, t] if token_mode == "classmate_partial" else True
+                adv[i, t] = a_m[i] + (a_c[i] if cm_mask else 0.0)
+            elif token_mode == "all" or cot[i, t]:
+                adv[i, t] = on_cot[i]
+            else:
+                adv[i, t] = a_m[i]
+    return adv
+
+
+def _random_batch(seed: int, groups: int = 6, width: int = 10):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(2, 6, (groups,), generator=gen)
+    ids = torch.randperm(1000, generator=gen)[:groups] * 7 - 300  # arbitrary, non-contiguous group ids
+    group_index = torch.repeat_interleave(ids, sizes)
+    group_index = group_index[torch.randperm(len(group_index), generator=gen)]  # groups interleaved
+    batch = len(group_index)
+    main = torch.randint(0, 11, (batch,), generator=gen).to(F64)  # rating-like ties included
+    cm = torch.randn(batch, generator=gen, dtype=F64) * 3
+    ok = torch.rand(batch, generator=gen) > 0.25
+    lengths = torch.randint(0, width + 1, (batch,), generator=gen)
+    pos = torch.arange(width).unsqueeze(0)
+    resp = pos < lengths.unsqueeze(1)
+    start = (torch.rand(batch, generator=gen) * (lengths + 1)).long()
+    end = start + (torch.rand(batch, generator=gen) * (lengths - start + 1)).long()
+    cot = (pos >= start.unsqueeze(1)) & (pos < end.unsqueeze(1))
+    return main, cm, group_index, resp, cot, ok
+
+
+CASES = [(e, t, s) for e in ESTIMATORS for t in TOKEN_MODES for s in (False, True)]
+
+
+@pytest.mark.parametrize(("estimator", "token_mode", "std_norm"), CASES)
+def test_random_batches_match_loop_reference(estimator, token_mode, std_norm):
+    for seed in range(3):
+        main, cm, groups, resp, cot, ok = _random_batch(seed)
+        out = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode, std_norm, ok, (0.7, 1.3))
+        ref = _loop_advantages(estimator, main, cm, groups, resp, cot, token_mode, std_norm, ok, (0.7, 1.3))
+        torch.testing.assert_close(out["advantages"], ref, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize(("estimator", "token_mode", "std_norm"), CASES)
+def test_properties_on_random_batches(estimator, token_mode, std_norm):
+    main, cm, groups, resp, cot, ok = _random_batch(11)
+    args = (groups, resp, cot, token_mode, std_norm, ok)
+    out = compute_advantages(estimator, main, cm, *args)
+    tensors = {k: v for k, v in out.items() if v.dim() == 2}
+
+    # 0 on padding
+    for name, x in tensors.items():
+        assert (x[~resp] == 0).all(), name
+
+    # classmate_partial: non-CoT valid tokens carry A^m
+    if token_mode == "classmate_partial" and estimator != "grpo":
+        a_m = out["main_scalar"].unsqueeze(1).expand_as(resp)
+        off = resp & ~cot
+        assert torch.equal(out["advantages"][off], a_m[off])
+
+    # shifting all rewards of a group by a constant changes nothing
+    shift = torch.zeros_like(main)
+    for g, c in zip(groups.unique().tolist(), [3.0, -7.5, 100.0, 0.25, -1.0, 12.0], strict=False):
+        shift[groups == g] = c
+    shifted = compute_advantages(estimator, main + shift, cm + 2 * shift, *args)
+    for key, x in out.items():
+        torch.testing.assert_close(shifted[key], x, rtol=0, atol=1e-9, msg=key)
+
+    # invalid classmate samples do not change anything else: their rewards are never read...
+    garbage = torch.where(ok, cm, torch.full_like(cm, float("nan")))
+    for key, x in compute_advantages(estimator, main, garbage, *args).items():
+        assert torch.equal(x, out[key]), key
+    # ...and the valid ones' A^c equals that of a batch without the invalid samples
+    if estimator != "separated_non_neg":
+        sub = compute_advantages(estimator, main[ok], cm[ok], groups[ok], resp[ok], cot[ok], token_mode, False)
+        full = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode, False, ok)
+        torch.testing.assert_close(full["classmate_scalar"][ok], sub["classmate_scalar"], rtol=0, atol=1e-12)
+        assert (full["classmate_scalar"][~ok] == 0).all()
+
+
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e != "gdpo"])  # gdpo re-centres over the batch
+@pytest.mark.parametrize("std_norm", [False, True])
+def test_group_with_equal_rewards_gets_zero(estimator, std_norm):
+    main, cm, groups, resp, cot, ok = _random_batch(5)
+    g0 = groups == groups[0]
+    main[g0] = 0.1
+    cm[g0] = 0.3
+    out = compute_advantages(estimator, main, cm, groups, resp, cot, "all", std_norm, ok)
+    assert (out["advantages"][g0] == 0).all()
+    assert (out["main_scalar"][g0] == 0).all() and (out["classmate_scalar"][g0] == 0).all()
+
+
+def test_group_normalize_direct():
+    r = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 5.0])
+    g = torch.tensor([7, 7, 7, 3, 3, 9])
+    out = group_normalize(r, g, std_norm=False)
+    _close(out, [-1, 0, 1, 0, 0, 0])  # the size-1 group 9 gets 0
+    assert out.dtype == torch.float32
+    normed = group_normalize(r[:5], g[:5], valid=torch.tensor([True, True, False, True, True]))
+    _close(normed, [-0.5 / (math.sqrt(0.5) + 1e-6), 0.5 / (math.sqrt(0.5) + 1e-6), 0, 0, 0])
+    with pytest.raises(ValueError, match="group_index"):
+        group_normalize(r, g, std_norm=True)
+
+
+def test_integer_rewards_and_float32_output():
+    out = compute_advantages("gdpo", R_MAIN.long(), R_CM.long(), GROUP, V, M, "classmate_partial", False)
+    assert out["advantages"].dtype == torch.float32
+    torch.testing.assert_close(out["advantages"].double(), _run("gdpo")["advantages"], rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_bad_input_raises_naming_the_argument():
+    base = dict(
+        estimator="gdpo",
+        main_rewards=R_MAIN,
+        classmate_rewards=R_CM,
+        group_index=GROUP,
+        response_mask=V,
+        cot_mask=M,
+        token_mode="classmate_partial",
+        std_norm=True,
+    )
+
+    def call(**over):
+        return compute_advantages(**{**base, **over})
+
+    with pytest.raises(ValueError, match=r"classmate_rewards must have shape \(4,\).*\(3,\)"):
+        call(classmate_rewards=R_CM[:3])
+    with pytest.raises(ValueError, match="group_index must have shape"):
+        call(group_index=torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"response_mask must have shape \(4, T\), got \(3, 8\)"):
+        call(response_mask=V[:3])
+    with pytest.raises(ValueError, match=r"cot_mask shape \(4, 7\) does not match response_mask shape \(4, 8\)"):
+        call(cot_mask=M[:, :7])
+    with pytest.raises(ValueError, match="classmate_valid must have shape"):
+        call(classmate_valid=torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="main_rewards must be a 1-D"):
+        call(main_rewards=R_MAIN.view(2, 2))
+    with pytest.raises(ValueError, match="unknown estimator 'ppo'"):
+        call(estimator="ppo")
+    with pytest.raises(ValueError, match="unknown token_mode 'cot'"):
+        call(token_mode="cot")
+    with pytest.raises(ValueError, match="group_index has 1 group"):
+        call(group_index=torch.tensor([0, 0, 0, 1]))
+    with pytest.raises(ValueError, match="main_rewards has 1 non-finite"):
+        call(main_rewards=torch.tensor([1.0, float("nan"), 2.0, 3.0], dtype=F64))
+    with pytest.raises(ValueError, match="classmate_rewards has 1 non-finite"):
+        call(classmate_rewards=torch.tensor([1.0, float("nan"), 2.0, 3.0], dtype=F64))
+    with pytest.raises(ValueError, match="weights"):
+        call(weights=(1.0,))
+    # Not errors: CoT marks on padding (ignored), NaN at an invalid classmate entry, size-1 groups without std_norm.
+    for estimator in ESTIMATORS:
+        for key, x in call(estimator=estimator, cot_mask=torch.ones_like(M)).items():
+            if x.dim() == 2:
+                assert (x[~V] == 0).all(), (estimator, key)
+    nan_invalid = torch.tensor([1.0, float("nan"), 2.0, 3.0], dtype=F64)
+    call(classmate_rewards=nan_invalid, classmate_valid=torch.tensor([True, False, True, True]))
+    out = call(group_index=torch.tensor([0, 0, 0, 1]), std_norm=False)
+    assert (out["main_scalar"][3] == 0).item()

@@ -1,0 +1,192 @@
+"""CoT spans from token ids and CoT truncation (classmate_method.md §2.1, §2.2, §12)."""
+
+import pytest
+import torch
+
+from openrlhf_classmate.algo.spans import TRUNCATION_MODES, CotSpans, cot_mask, think_token_ids, truncate_cot
+from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
+
+OPEN, CLOSE, EOS, PAD, C, A = 100, 101, 2, 0, 5, 6  # <think>, </think>, EOS, pad, CoT token, answer token
+
+
+def _batch(rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def _rows(mask: torch.Tensor) -> list[list[int]]:
+    return mask.int().tolist()
+
+
+def test_worked_example_section_12():
+    ids, v = _batch(
+        [
+            [OPEN, C, C, C, CLOSE, A, A, EOS],
+            [OPEN, C, C, CLOSE, A, EOS],
+            [OPEN, C, C, C, C, C, C, C],  # truncated: no </think>, no EOS
+            [OPEN, C, CLOSE, A, A, A, EOS],
+        ],
+        8,
+    )
+    spans = cot_mask(ids, v, OPEN, CLOSE, EOS)
+    assert _rows(spans.mask) == [
+        [0, 1, 1, 1, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0, 0, 0, 0],
+        [0, 1, 1, 1, 1, 1, 1, 1],
+        [0, 1, 0, 0, 0, 0, 0, 0],
+    ]
+    assert spans.start.tolist() == [1, 1, 1, 1]
+    assert spans.end.tolist() == [4, 3, 8, 2]
+    assert spans.length.tolist() == [3, 2, 7, 1]
+    assert spans.has_answer.tolist() == [True, True, False, True]
+    assert spans.mask.dtype == torch.bool
+    assert not (spans.mask & ~v.bool()).any()
+
+
+def test_eos_is_excluded_when_there_is_no_close_tag():
+    ids, v = _batch([[OPEN, C, C, C, EOS], [OPEN, C, C, C, C]], 6)
+    spans = cot_mask(ids, v, OPEN, CLOSE, EOS)
+    assert _rows(spans.mask) == [[0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0]]
+    assert spans.has_answer.tolist() == [False, False]
+    # Without an eos id nothing is recognised as EOS (reference behaviour for that case).
+    assert _rows(cot_mask(ids, v, OPEN, CLOSE, None).mask)[0] == [0, 1, 1, 1, 1, 0]
+
+
+def test_no_open_tag_means_whole_valid_response_minus_eos():
+    ids, v = _batch([[C, C, CLOSE, A, EOS], [C, C, C], [EOS], []], 5)
+    spans = cot_mask(ids, v, OPEN, CLOSE, EOS)
+    assert _rows(spans.mask) == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [0] * 5, [0] * 5]
+    assert spans.has_answer.tolist() == [False] * 4
+    assert spans.length.tolist() == [4, 3, 0, 0]
+
+
+def test_template_opened_thinking_with_open_id_none():
+    # The generation prompt ends with "<think>\n": responses start inside the CoT.
+    ids, v = _batch([[C, C, CLOSE, A, EOS], [C, C, C, EOS], [CLOSE, A, EOS]], 5)
+    spans = cot_mask(ids, v, None, CLOSE, EOS)
+    assert _rows(spans.mask) == [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0] * 5]
+    assert spans.start.tolist() == [0, 0, 0]
+    assert spans.end.tolist() == [2, 3, 0]
+    assert spans.has_answer.tolist() == [True, False, True]
+
+
+def test_first_open_and_first_close_after_it():
+    ids, v = _batch(
+        [
+            [CLOSE, OPEN, C, CLOSE, A, CLOSE, EOS],  # a </think> before <think> is ignored
+            [A, OPEN, C, OPEN, C, CLOSE, EOS],  # second <think> is just a CoT token
+            [OPEN, CLOSE, A, EOS],  # empty CoT with an answer
+        ],
+        8,
+    )
+    spans = cot_mask(ids, v, OPEN, CLOSE, EOS)
+    assert _rows(spans.mask) == [
+        [0, 0, 1, 0, 0, 0, 0, 0],
+        [0, 0, 1, 1, 1, 0, 0, 0],
+        [0] * 8,
+    ]
+    assert spans.start.tolist() == [2, 2, 1]
+    assert spans.end.tolist() == [3, 5, 1]
+    assert spans.has_answer.tolist() == [True, True, True]
+
+
+def test_padding_is_never_read():
+    ids, v = _batch([[OPEN, C, C]], 6)
+    ids[0, 3:] = torch.tensor([CLOSE, OPEN, EOS])  # garbage in the padded region
+    spans = cot_mask(ids, v, OPEN, CLOSE, EOS)
+    assert _rows(spans.mask) == [[0, 1, 1, 0, 0, 0]]
+    assert spans.has_answer.tolist() == [False]
+
+
+def _loop_reference(ids: torch.Tensor, v: torch.Tensor, open_id, close_id, eos_id) -> list[list[int]]:
+    out = []
+    for row, row_mask in zip(ids.tolist(), v.tolist(), strict=True):
+        n = sum(row_mask)
+        valid = row[:n]
+        if open_id is not None and open_id not in valid:
+            start, close = 0, None
+        else:
+            start = 0 if open_id is None else valid.index(open_id) + 1
+            close = next((t for t in range(start, n) if valid[t] == close_id), None)
+        if close is None:
+            end = max(start, n - (1 if n and eos_id is not None and valid[-1] == eos_id else 0))
+        else:
+            end = close
+        out.append([1 if start <= t < end else 0 for t in range(len(row))])
+    return out
+
+
+@pytest.mark.parametrize("open_id", [OPEN, None])
+def test_random_batches_match_a_loop_reference(open_id):
+    gen = torch.Generator().manual_seed(0)
+    vocab = torch.tensor([OPEN, CLOSE, EOS, C, A, A, C, C])
+    for _ in range(5):
+        ids = vocab[torch.randint(0, len(vocab), (64, 12), generator=gen)]
+        lengths = torch.randint(0, 13, (64,), generator=gen)
+        v = (torch.arange(12).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        spans = cot_mask(ids, v, open_id, CLOSE, EOS)
+        assert _rows(spans.mask) == _loop_reference(ids, v, open_id, CLOSE, EOS)
+
+
+def test_bad_masks_raise():
+    ids, v = _batch([[OPEN, C, EOS]], 4)
+    with pytest.raises(ValueError, match="response_mask shape"):
+        cot_mask(ids, v[:, :3], OPEN, CLOSE, EOS)
+    left_padded = torch.tensor([[0, 1, 1, 1]])
+    with pytest.raises(ValueError, match="right-padded"):
+        cot_mask(ids, left_padded, OPEN, CLOSE, EOS)
+
+
+def test_think_token_ids():
+    tok = build_word_tokenizer(["hello", "world"])
+    open_id, close_id = think_token_ids(tok)
+    assert tok.convert_ids_to_tokens([open_id, close_id]) == ["<think>", "</think>"]
+    with pytest.raises(ValueError, match="'hello world'"):
+        think_token_ids(tok, think_open="hello world")
+
+
+def _spans(lengths: list[int], start: int = 1, width: int = 20) -> CotSpans:
+    start_t = torch.full((len(lengths),), start)
+    end = start_t + torch.tensor(lengths)
+    pos = torch.arange(width).unsqueeze(0)
+    mask = (pos >= start_t.unsqueeze(1)) & (pos < end.unsqueeze(1))
+    return CotSpans(mask=mask, start=start_t, end=end, has_answer=torch.ones(len(lengths), dtype=torch.bool))
+
+
+def test_truncation_vanilla_and_remove_wo_cot():
+    spans = _spans([5, 0, 3])
+    kept, skip = truncate_cot(spans, "vanilla")
+    assert torch.equal(kept.mask, spans.mask) and skip.tolist() == [False, False, False]
+    kept, skip = truncate_cot(spans, "remove_wo_cot")
+    assert torch.equal(kept.mask, spans.mask) and skip.tolist() == [False, True, False]
+    assert TRUNCATION_MODES == ("vanilla", "random_truncate", "remove_wo_cot")
+
+
+def test_random_truncate_keeps_floor_prefix_from_callers_generator():
+    lengths = [10, 7, 1, 0, 19]
+    spans = _spans(lengths)
+    kept, skip = truncate_cot(spans, "random_truncate", 0.1, 0.9, torch.Generator().manual_seed(123))
+    keep = 0.1 + 0.8 * torch.rand(len(lengths), generator=torch.Generator().manual_seed(123), dtype=torch.float64)
+    expected = [int(k * n) for k, n in zip(keep.tolist(), lengths, strict=True)]
+    assert kept.length.tolist() == expected
+    assert kept.start.tolist() == spans.start.tolist()
+    assert kept.mask.sum(1).tolist() == expected
+    assert not (kept.mask & ~spans.mask).any()  # a prefix of the original CoT
+    assert skip.tolist() == [False] * 5  # empty CoTs are not skipped outside remove_wo_cot
+    assert kept.length[2] == 0  # floor(keep * 1) = 0: the classmate gets an empty CoT
+    again, _ = truncate_cot(spans, "random_truncate", 0.1, 0.9, torch.Generator().manual_seed(123))
+    assert torch.equal(again.mask, kept.mask)
+
+
+def test_truncation_errors():
+    spans = _spans([3])
+    with pytest.raises(ValueError, match="generator"):
+        truncate_cot(spans, "random_truncate")
+    with pytest.raises(ValueError, match="keep_min"):
+        truncate_cot(spans, "random_truncate", 0.9, 0.1, torch.Generator())
+    with pytest.raises(ValueError, match="unknown truncation mode 'random'"):
+        truncate_cot(spans, "random")
