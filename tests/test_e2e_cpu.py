@@ -100,3 +100,20 @@ def test_plain_grpo_baseline_runs_through_our_launcher(tmp_path):
     assert set(tb["train/reward"]) == {1, 2}
     change = _max_change(_weights(world["policy"]), _weights(os.path.join(world["root"], "hf_final")))
     assert change > 1e-4
+
+
+def test_reference_reproduction_loss_under_zero3(tmp_path):
+    """vanilla_classmate (classmate log-probs of the spliced CoT via prompt_logprobs), seq-mean-token-sum-norm,
+    no std norm, ZeRO-3 (the HF-engine weight sync gathers the partitioned parameters)."""
+    world = build_world(str(tmp_path / "world"))
+    extra = ["--classmate.loss", "vanilla_classmate", "--classmate.prompt_mode", "splice",
+             "--classmate.loss_agg_mode", "seq-mean-token-sum-norm", "--algo.advantage.no_std_norm"]
+    _launch(launcher_argv(world, zero_stage=3, extra=extra), str(tmp_path / "run.log"))
+    with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
+        assert json.load(f) == {"policy": [2], "classmate": [0]}
+    tb = _scalars(os.path.join(world["root"], "tb"))
+    logprob = tb["train/classmate/cot_logprob"]
+    assert set(logprob) == {1, 2} and all(-20 < v < 0 for v in logprob.values())  # real log-probs, not -inf
+    assert set(tb["train/classmate/loss"]) == {1, 2} and "train/classmate/classmate_loss" not in tb
+    change = _max_change(_weights(world["policy"]), _weights(os.path.join(world["root"], "hf_final")))
+    assert change > 1e-4

@@ -14,23 +14,29 @@ import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-from openrlhf_classmate.integration.classmate_config import uses_separated_loss
+from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.patches import install_actor_trainer
 
 
 class ClassmateLossAdapter(torch.nn.Module):
-    """Upstream's loss signature in, our loss with the micro-batch's classmate tensors out."""
+    """Upstream's loss signature in; our loss, with the micro-batch's classmate tensors as keyword arguments, out.
 
-    def __init__(self, loss: torch.nn.Module, extra_fields: tuple[str, ...], trainer: ClassmateActorPPOTrainer):
+    ``extra_fields`` name the ``ClassmateExperience`` fields the loss needs; ``zero_classmate`` passes a zero
+    classmate advantage instead (a single-advantage estimator with the reference's aggregation).
+    """
+
+    def __init__(self, loss: torch.nn.Module, extra_fields: tuple[str, ...], trainer: ClassmateActorPPOTrainer,
+                 zero_classmate: bool = False):
         super().__init__()
         self.loss = loss
         self.extra_fields = extra_fields
+        self.zero_classmate = zero_classmate
         self._trainer = [trainer]  # a list: not registered as a submodule
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
                 **loss_batch_info):
         experience = self._trainer[0].current_experience
-        extras = {}
+        extras = {"classmate_advantages": torch.zeros_like(advantages)} if self.zero_classmate else {}
         for name in self.extra_fields:
             value = getattr(experience, name, None)
             if value is None:
@@ -44,8 +50,8 @@ class ClassmateLossAdapter(torch.nn.Module):
         return out
 
 
-def build_classmate_loss(args) -> tuple[torch.nn.Module, tuple[str, ...]] | None:
-    """The loss for this run, or None when upstream's ``PolicyLoss`` is the right one."""
+def build_classmate_loss(args) -> tuple[torch.nn.Module, tuple[str, ...], bool] | None:
+    """(loss, experience fields it needs, zero classmate advantage) for this run; None = upstream's PolicyLoss."""
     cfg = args.classmate
     agg = cfg.loss_agg_mode or args.actor.loss_agg_mode
     common = dict(
@@ -58,24 +64,16 @@ def build_classmate_loss(args) -> tuple[torch.nn.Module, tuple[str, ...]] | None
     )
     if not uses_separated_loss(args):
         if agg == "seq-mean-token-sum-norm":
-            # single-advantage estimators with the reference aggregation: the separated loss with a zero second term
-            return SeparatedPolicyLoss(dual_clip=args.actor.dual_clip, **common), ("zero_classmate",)
+            # a single-advantage estimator with the reference aggregation: the separated loss, zero second term
+            return SeparatedPolicyLoss(dual_clip=args.actor.dual_clip, **common), (), True
         return None
     if cfg.loss == "vanilla_classmate":
         loss = VanillaClassmatePolicyLoss(
             dual_clip=args.actor.dual_clip or 3.0, classmate_dual_clip=cfg.dual_clip or 3.0, **common
         )
-        return loss, ("classmate_advantages", "classmate_log_probs", "cot_mask")
+        return loss, ("classmate_advantages", "classmate_log_probs", "cot_mask"), False
     loss = SeparatedPolicyLoss(dual_clip=args.actor.dual_clip, classmate_dual_clip=cfg.dual_clip, **common)
-    return loss, ("classmate_advantages",)
-
-
-class _ZeroClassmateAdapter(ClassmateLossAdapter):
-    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
-                **loss_batch_info):
-        return self.loss(log_probs, old_log_probs, advantages, action_mask=action_mask,
-                         rollout_log_probs=rollout_log_probs, **loss_batch_info,
-                         classmate_advantages=torch.zeros_like(advantages))
+    return loss, ("classmate_advantages",), False
 
 
 class ClassmateActorPPOTrainer(ActorPPOTrainer):
@@ -84,11 +82,10 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.upstream_loss_fn = self.actor_loss_fn
-        built = build_classmate_loss(self.args) if getattr(self.args.classmate, "model_name_or_path", None) else None
+        built = build_classmate_loss(self.args) if classmate_enabled(self.args) else None
         if built is not None:
-            loss, fields = built
-            adapter_cls = _ZeroClassmateAdapter if fields == ("zero_classmate",) else ClassmateLossAdapter
-            self.actor_loss_fn = adapter_cls(loss, () if adapter_cls is _ZeroClassmateAdapter else fields, self)
+            loss, fields, zero_classmate = built
+            self.actor_loss_fn = ClassmateLossAdapter(loss, fields, self, zero_classmate)
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         self.current_experience = experience

@@ -145,6 +145,9 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                 ).float()
             if log_probs is not None:
                 exp.classmate_log_probs = rows(log_probs)
+                on_cot = torch.where(exp.cot_mask, exp.classmate_log_probs, torch.zeros(()))
+                # how likely the classmate finds the main CoT, per token (vanilla_classmate's c_t numerator)
+                exp.info["classmate/cot_logprob"] = (on_cot.sum(-1) / exp.cot_mask.sum(-1).clamp(min=1)).float()
             b = len(exp.index)
             exp.info["classmate/reward"] = result.reward[index]
             exp.info["classmate/reward_raw"] = result.raw_mean[index]
