@@ -1,0 +1,65 @@
+"""ClassmatePPOTrainer with a fake Ray: HF-engine weight sync goes through the object store to the policy engines
+only; the classmate engines are never in ``vllm_engines``."""
+
+from types import SimpleNamespace
+
+import ray
+
+from openrlhf_classmate.cli.train_ppo_ray import EngineFactory
+from openrlhf_classmate.integration.trainer import ClassmatePPOTrainer
+
+
+class _Method:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class FakeEngine:
+    def __init__(self):
+        self.loaded = []
+        self.load_weights = _Method(lambda state: self.loaded.append(state) or len(self.loaded))
+        self.get_num_weight_updates = _Method(lambda: len(self.loaded))
+
+
+class FakeActorGroup:
+    def __init__(self):
+        self.calls = []
+
+    def async_run_method(self, method_name, **kwargs):
+        self.calls.append(method_name)
+        return [{"w": 1.0}, None]  # rank 0 returns the weights, rank 1 None
+
+
+def test_hf_weight_sync_reaches_policy_engines_only(monkeypatch):
+    monkeypatch.setattr(ray, "get", lambda x: x)
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns: (refs, []))
+    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+    policy, classmate = [FakeEngine(), FakeEngine()], [[FakeEngine()]]
+    trainer.args = SimpleNamespace(engine=SimpleNamespace(backend="hf"))
+    trainer.vllm_engines, trainer.classmate_engines = policy, classmate
+    trainer.actor_model_group = FakeActorGroup()
+    trainer.broadcast_to_vllm()
+    trainer.broadcast_to_vllm()
+    assert trainer.actor_model_group.calls == ["hf_engine_state_dict"] * 2  # every rank joins (ZeRO-3 gather)
+    assert all(engine.loaded == [{"w": 1.0}] * 2 for engine in policy)
+    assert trainer.engine_weight_updates() == {"policy": [2, 2], "classmate": [0]}
+
+
+def test_engine_factory_seeds_classmates_apart_and_uses_the_classmate_executor(monkeypatch):
+    created = []
+    args = SimpleNamespace(
+        engine=SimpleNamespace(backend="hf", hf_max_batch=8),
+        train=SimpleNamespace(seed=42, full_determinism_enable=False),
+        vllm=SimpleNamespace(enforce_eager=False),
+        classmate=SimpleNamespace(placement="separate", model_name_or_path=["a", "b"], num_engines=2,
+                                  tensor_parallel_size=1, max_context=128, gpu_memory_utilization=0.3,
+                                  enable_sleep=False, seed_offset=10_000),
+    )
+    factory = EngineFactory(args)
+    monkeypatch.setattr(factory, "create", lambda **kw: created.append(kw) or [object()] * kw["num_engines"])
+    groups, colocated = factory.classmate()
+    assert len(groups) == 2 and all(len(g) == 2 for g in groups) and colocated is False
+    assert [kw["seed"] for kw in created] == [10_042, 11_042]  # never the policy engines' seeds (42, 43, ...)
+    assert all(kw["agent_func_path"].endswith("classmate_executor.py") and kw["remote_rm_url"] is None
+               for kw in created)
+    assert all(kw["max_model_len"] == 128 and kw["shared_pg"] is None for kw in created)
