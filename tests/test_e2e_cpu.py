@@ -5,51 +5,28 @@ as a user would start it."""
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-import torch
 
-from openrlhf_classmate.testing.e2e import build_world, launcher_argv
+from openrlhf_classmate.testing.e2e import (
+    build_world,
+    launcher_argv,
+    max_weight_change,
+    model_weights,
+    run_launcher,
+    tensorboard_scalars,
+)
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _launch(argv: list[str], log_path: str) -> None:
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=REPO,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900)
-    if proc.returncode != 0:
+    code = run_launcher(argv, log_path, cwd=REPO)
+    if code != 0:
         with open(log_path) as f:
             tail = f.read()[-6000:]
-        pytest.fail(f"launcher exited with {proc.returncode}; log tail:\n{tail}")
-
-
-def _scalars(tb_dir: str) -> dict[str, dict[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, dict[int, float]] = {}
-    for path in glob.glob(os.path.join(tb_dir, "**", "events.out.tfevents.*"), recursive=True):
-        acc = EventAccumulator(path)
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            out.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
-    return out
-
-
-def _weights(path: str) -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def _max_change(before: dict, after: dict) -> float:
-    assert before.keys() == after.keys()
-    return max(float((before[k] - after[k]).abs().max()) for k in before)
+        pytest.fail(f"launcher exited with {code}; log tail:\n{tail}")
 
 
 def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
@@ -66,10 +43,10 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     assert os.path.isfile(os.path.join(actor_ckpt, "zero_to_fp32.py"))
     assert glob.glob(os.path.join(actor_ckpt, "global_step2", "*model_states.pt"))
     assert os.path.isdir(os.path.join(root, "ckpt", "global_step2_hf"))
-    change = _max_change(_weights(world["policy"]), _weights(os.path.join(root, "hf_final")))
+    change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(root, "hf_final")))
     assert change > 1e-4, f"policy weights did not change (max |delta| = {change})"
 
-    tb = _scalars(os.path.join(root, "tb"))
+    tb = tensorboard_scalars(os.path.join(root, "tb"))
     for tag in ("train/classmate/reward", "train/classmate/valid", "train/classmate/stage_time",
                 "train/classmate/stage_overlap_time", "train/classmate/classmate_loss",
                 "train/classmate/classmate_clip_ratio", "train/classmate/cot_tokens",
@@ -83,7 +60,7 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     resumed = launcher_argv(world, num_episodes=2, extra=["--ckpt.load_enable", "--logger.tensorboard_dir",
                                                          os.path.join(root, "tb_resume")])
     _launch(resumed, str(tmp_path / "run2.log"))
-    tb2 = _scalars(os.path.join(root, "tb_resume"))
+    tb2 = tensorboard_scalars(os.path.join(root, "tb_resume"))
     assert set(tb2["train/classmate/reward"]) == {3, 4}
     assert open(os.path.join(actor_ckpt, "latest")).read().strip() == "global_step4"
     with open(os.path.join(root, "ckpt", "engine_weight_updates.json")) as f:
@@ -95,10 +72,10 @@ def test_plain_grpo_baseline_runs_through_our_launcher(tmp_path):
     _launch(launcher_argv(world, classmate=False), str(tmp_path / "run.log"))
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
         assert json.load(f) == {"policy": [2], "classmate": []}
-    tb = _scalars(os.path.join(world["root"], "tb"))
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
     assert not [tag for tag in tb if "classmate" in tag]
     assert set(tb["train/reward"]) == {1, 2}
-    change = _max_change(_weights(world["policy"]), _weights(os.path.join(world["root"], "hf_final")))
+    change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(world["root"], "hf_final")))
     assert change > 1e-4
 
 
@@ -111,9 +88,9 @@ def test_reference_reproduction_loss_under_zero3(tmp_path):
     _launch(launcher_argv(world, zero_stage=3, extra=extra), str(tmp_path / "run.log"))
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
         assert json.load(f) == {"policy": [2], "classmate": [0]}
-    tb = _scalars(os.path.join(world["root"], "tb"))
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
     logprob = tb["train/classmate/cot_logprob"]
     assert set(logprob) == {1, 2} and all(-20 < v < 0 for v in logprob.values())  # real log-probs, not -inf
     assert set(tb["train/classmate/loss"]) == {1, 2} and "train/classmate/classmate_loss" not in tb
-    change = _max_change(_weights(world["policy"]), _weights(os.path.join(world["root"], "hf_final")))
+    change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(world["root"], "hf_final")))
     assert change > 1e-4

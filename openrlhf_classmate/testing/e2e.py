@@ -55,3 +55,43 @@ def launcher_argv(world: dict[str, str], classmate: bool = True, zero_stage: int
     else:
         argv += ["--algo.advantage.estimator", "group_norm"]
     return argv + list(extra or [])
+
+
+def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout: int = 900) -> int:
+    """Run the launcher as a subprocess (as a user would), output to ``log_path``; returns the exit code."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        return subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
+                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+
+
+def tensorboard_scalars(tb_dir: str) -> dict[str, dict[int, float]]:
+    """All scalars under ``tb_dir``: {tag: {step: value}}."""
+    import glob
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for path in glob.glob(os.path.join(tb_dir, "**", "events.out.tfevents.*"), recursive=True):
+        acc = EventAccumulator(path)
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return out
+
+
+def model_weights(path: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def max_weight_change(before: dict, after: dict) -> float:
+    if before.keys() != after.keys():
+        raise ValueError(f"different parameter names: {sorted(before.keys() ^ after.keys())[:5]}")
+    return max(float((before[k] - after[k]).abs().max()) for k in before)
