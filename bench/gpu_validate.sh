@@ -19,7 +19,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"   # DeepSpeed's JIT cannot parse the image's "9.0a"
 export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0                  # HF engines (num_gpus=0) must still see the GPU
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt" || true
-python3 -c "import torch, transformers, deepspeed, ray, openrlhf; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| openrlhf', openrlhf.__version__)" | tee -a "$OUT/device.txt"
+python3 - <<'PY' | tee -a "$OUT/device.txt"
+from importlib.metadata import version
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, *(f"| {p} {version(p)}" for p in
+      ("transformers", "deepspeed", "ray", "openrlhf")))
+PY
 status=0
 if [ "$what" = validate ] || [ "$what" = all ]; then
   python3 bench/gpu_validate.py --out "$OUT" 2>&1 | tee "$OUT/validate.log" | grep -E "^(run|ZeRO)|Error|error:" || status=1
