@@ -16,7 +16,9 @@ if [ -n "$wheels" ] && [ ! -f "$SITE/.installed" ]; then
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"   # DeepSpeed's JIT cannot parse the image's "9.0a"
+# DeepSpeed's JIT cannot parse arch suffixes such as the image's "9.0a": use the device's plain capability
+TORCH_CUDA_ARCH_LIST="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')"
+export TORCH_CUDA_ARCH_LIST
 export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0                  # HF engines (num_gpus=0) must still see the GPU
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt" || true
 python3 - <<'PY' | tee -a "$OUT/device.txt"
