@@ -141,7 +141,7 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--zero-stage", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--losses", nargs="+", default=["stock", "separated", "vanilla_classmate"])
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -176,35 +176,42 @@ def main() -> None:
     cfg = PRESETS[a.preset]
     flops = 6 * n_params * tokens + 12 * cfg["num_hidden_layers"] * cfg["hidden_size"] * (
         a.prompt_len + a.response_len) * tokens
-    results = {}
-    for name in a.losses:
-        actor.trainer.actor_loss_fn = loss_fn(name, actor.trainer)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for r in range(a.warmup + a.repeats):
+    # Round-robin over the losses (one fit each per round) so that drift of the device affects them alike.
+    losses = {name: loss_fn(name, actor.trainer) for name in a.losses}
+    times: dict[str, list[float]] = {name: [] for name in a.losses}
+    peak: dict[str, float] = {}
+    last_status: dict[str, dict] = {}
+    for r in range(a.warmup + a.repeats):
+        for name, fn in losses.items():
+            actor.trainer.actor_loss_fn = fn
             actor.append(experience)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             sync()
             t0 = time.perf_counter()
-            status = actor.fit(kl_ctl=0.0)
+            last_status[name] = actor.fit(kl_ctl=0.0)
             sync()
             if r >= a.warmup:
-                times.append(time.perf_counter() - t0)
-        t = statistics.median(times)
+                times[name].append(time.perf_counter() - t0)
+            peak[name] = max(peak.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0)
+        print(f"round {r + 1}/{a.warmup + a.repeats}: " + ", ".join(
+            f"{name} {times[name][-1]:.3f}s" for name in losses if r >= a.warmup), flush=True)
+    results = {}
+    for name in a.losses:
+        t = statistics.median(times[name])
         results[name] = {
             "seconds_per_fit": t,
-            "times": times,
+            "times": times[name],
             "tokens_per_s": tokens / t,
-            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+            "peak_memory_gib": peak[name] if cuda else None,
             "mfu": flops / t / (a.peak_tflops * 1e12),
-            "policy_loss": float(status.get("policy_loss", float("nan"))),
+            "policy_loss": float(last_status[name].get("policy_loss", float("nan"))),
         }
-        print(f"[{name}] {t:.3f} s/fit, {tokens / t:,.0f} tok/s", flush=True)
 
     stock = results.get("stock", {}).get("tokens_per_s")
     print(f"\nmodel {a.preset}: {n_params / 1e6:.1f}M params, ZeRO-{a.zero_stage}, bf16, grad ckpt; "
           f"batch {a.num_seqs} x ({a.prompt_len}+{a.response_len}) tokens, micro-batch {a.micro_batch}; "
-          f"{a.repeats} timed fits after {a.warmup} warm-up")
+          f"median of {a.repeats} timed fits per loss, round-robin, after {a.warmup} warm-up round(s)")
     print(f"{'loss':<20}{'s/fit':>8}{'tokens/s':>12}{'vs stock':>10}{'peak GiB':>10}{'MFU':>8}")
     for name, r in results.items():
         ratio = r["tokens_per_s"] / stock if stock else float("nan")
