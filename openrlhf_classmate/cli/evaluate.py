@@ -1,0 +1,415 @@
+"""``python -m openrlhf_classmate.cli.evaluate``: evaluate a (trained) model on a test jsonl.
+
+    python -m openrlhf_classmate.cli.evaluate --model runs/classmate_gdpo/final \\
+        --data data/helpful_instructions/test.jsonl --output-dir runs/classmate_gdpo/eval \\
+        [--classmate Qwen/Qwen3-0.6B] [--monitor] [--judge-base-url http://127.0.0.1:8000/v1 --judge-model NAME]
+
+1. Read the rows (``{"prompt": messages, "label": "<json>"}``, as written by setup_data; ``--limit``), render each
+   prompt with the model's chat template and generate ``--samples`` responses per prompt (greedy by default,
+   ``--temperature`` to sample) with vLLM when installed, else transformers (``--backend``).
+2. Split each response into CoT and final answer on token ids (``<think>`` ... ``</think>``; a template that already
+   opens the think block counts as opened) and score the answer with the scorer registry (the label's data source,
+   or ``--scorer``). A response without ``</think>`` has no final answer and scores 0.
+3. ``--classmate MODEL``: give the classmate the prompt plus the policy's CoT (as in training) and score its answer
+   with the same scorer: classmate score and agreement with the main score.
+4. ``--monitor``: the CoT monitor (an LLM judge reading only the CoT) predicts the main score; MSE (1-10 ratings) or
+   precision / recall / F1 (MMLU hint following).
+5. Write ``samples.jsonl`` (one line per response), ``summary.json`` (per scorer and overall: accuracy or mean
+   rating, valid / answered / truncated fractions, CoT length, pass@k, classmate and monitor metrics) and PNG plots
+   (CoT length by correctness, rating distributions, monitor vs main score), and print a table.
+
+Judge-scored data (the sycophancy datasets) and ``--monitor`` need an OpenAI-compatible judge (``--judge-base-url``;
+``--judge-model`` defaults to the first model the server lists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import openrlhf_classmate  # noqa: F401  (CPU shims)
+from openrlhf_classmate.eval.generation import BACKENDS, GenParams, make_generator, resolve_backend
+
+
+class EvaluationError(ValueError):
+    """A user-facing input problem (bad data file, missing judge, unsupported combination)."""
+
+
+@dataclass
+class Row:
+    messages: list[dict]
+    label: dict
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m openrlhf_classmate.cli.evaluate",
+                                description="Generate on a test jsonl, score, and report (see the module docstring).")
+    p.add_argument("--model", required=True, help="model directory or hub id (e.g. a run's final/ folder)")
+    p.add_argument("--data", required=True, help="test jsonl (setup_data row format)")
+    p.add_argument("--output-dir", required=True, help="where samples.jsonl, summary.json and the plots go")
+    p.add_argument("--input-key", default="prompt", help="row key of the prompt (chat messages or a string)")
+    p.add_argument("--label-key", default="label", help="row key of the label (JSON string or object)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    p.add_argument("--scorer", default="auto", help="scorer registry name for every row (default: each label's data_source)")
+    gen = p.add_argument_group("generation")
+    gen.add_argument("--backend", choices=BACKENDS, default="auto", help="vllm, hf, or auto (vLLM when installed)")
+    gen.add_argument("--max-new-tokens", type=int, default=1024)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--samples", type=int, default=1, help="responses per prompt (use with --temperature > 0)")
+    gen.add_argument("--seed", type=int, default=42)
+    gen.add_argument("--batch-size", type=int, default=16, help="hf backend: prompts per generate call")
+    gen.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto")
+    gen.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend")
+    gen.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm backend")
+    gen.add_argument("--max-model-len", type=int, default=None, help="vllm backend (default: the model's)")
+    gen.add_argument("--no-chat-template", action="store_true", help="use string prompts as they are")
+    gen.add_argument("--chat-template-kwargs", default="{}", help='JSON, e.g. \'{"enable_thinking": true}\'')
+    gen.add_argument("--think-open", default="<think>")
+    gen.add_argument("--think-close", default="</think>")
+    gen.add_argument("--no-think", action="store_true",
+                     help="the model writes no think block: the whole response is the answer (no CoT metrics)")
+    cm = p.add_argument_group("classmate")
+    cm.add_argument("--classmate", default=None, help="classmate model: answers after reading the policy's CoT")
+    cm.add_argument("--classmate-max-new-tokens", type=int, default=512)
+    cm.add_argument("--classmate-temperature", type=float, default=0.0, help="0 = greedy (the reference's validation)")
+    cm.add_argument("--classmate-prompt-mode", choices=("retokenize", "splice"), default="retokenize")
+    cm.add_argument("--classmate-max-context", type=int, default=None,
+                    help="skip classmate inputs longer than this minus --classmate-max-new-tokens "
+                         "(default: the classmate's max_position_embeddings)")
+    judge = p.add_argument_group("judge (judge-scored data, --monitor)")
+    judge.add_argument("--monitor", action="store_true", help="run the CoT monitor on the generated CoTs")
+    judge.add_argument("--judge-base-url", default=None, help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1")
+    judge.add_argument("--judge-model", default=None, help="judge model name (default: the first the server lists)")
+    judge.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge API key")
+    judge.add_argument("--judge-max-concurrency", type=int, default=32)
+    judge.add_argument("--judge-timeout", type=float, default=120.0)
+    out = p.add_argument_group("output")
+    out.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+    out.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def log(message: str) -> None:
+    print(f"[evaluate] {message}", file=sys.stderr, flush=True)
+
+
+# ── inputs ───────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> list[Row]:
+    from openrlhf_classmate.scoring import LabelError, parse_label
+
+    if not os.path.isfile(path):
+        raise EvaluationError(f"--data {path} does not exist")
+    rows: list[Row] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvaluationError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            prompt = row.get(input_key) if isinstance(row, dict) else None
+            if isinstance(prompt, str):
+                messages = [{"role": "user", "content": prompt}]
+            elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+                messages = prompt
+            else:
+                raise EvaluationError(f"{path}:{lineno}: field {input_key!r} must be chat messages or a string")
+            if label_key not in row:
+                raise EvaluationError(f"{path}:{lineno}: field {label_key!r} missing (scoring needs the label)")
+            try:
+                label = parse_label(row[label_key])
+            except LabelError as e:
+                raise EvaluationError(f"{path}:{lineno}: {e}") from None
+            rows.append(Row(messages=messages, label=label))
+    if not rows:
+        raise EvaluationError(f"--data {path} has no rows")
+    return rows
+
+
+def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwargs: dict,
+                   think_open: str) -> tuple[list[list[int]], list[bool]]:
+    """Prompt token ids, and whether each rendered prompt already opens the think block."""
+    ids, opened = [], []
+    for row in rows:
+        if chat_template:
+            text = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=False,
+                                                 **template_kwargs)
+        else:
+            text = "\n".join(str(m.get("content", "")) for m in row.messages)
+        ids.append(list(tokenizer.encode(text, add_special_tokens=False)))
+        opened.append(text.rstrip().endswith(think_open))
+    return ids, opened
+
+
+def split_response(token_ids: list[int], tokenizer, open_id: int | None, close_id: int | None, opened: bool,
+                   eos_id: int | None) -> dict[str, Any]:
+    """CoT / answer split on token ids (``algo.spans.cot_mask``); ``close_id=None``: no think block at all."""
+    import torch
+
+    from openrlhf_classmate.algo.spans import cot_mask
+
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    if close_id is None:
+        return {"response": text, "cot": None, "cot_ids": None, "answer": text.strip(), "has_answer": True}
+    if not token_ids:
+        return {"response": "", "cot": "", "cot_ids": [], "answer": None, "has_answer": False}
+    ids = torch.tensor([token_ids])
+    spans = cot_mask(ids, torch.ones_like(ids), None if opened else open_id, close_id, eos_id)
+    start, end, has_answer = int(spans.start[0]), int(spans.end[0]), bool(spans.has_answer[0])
+    cot_ids = token_ids[start:end]
+    answer = tokenizer.decode(token_ids[end + 1:], skip_special_tokens=True).strip() if has_answer else None
+    return {"response": text, "cot": tokenizer.decode(cot_ids, skip_special_tokens=True).strip(), "cot_ids": cot_ids,
+            "answer": answer, "has_answer": has_answer}
+
+
+def _judge_config(args):
+    if not args.judge_base_url:
+        return None
+    from openrlhf_classmate.scoring import JudgeConfig
+
+    model = args.judge_model
+    if not model:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(args.judge_base_url.rstrip("/") + "/models", timeout=30) as r:
+                model = json.load(r)["data"][0]["id"]
+        except Exception as e:  # noqa: BLE001
+            raise EvaluationError(
+                f"--judge-model not given and {args.judge_base_url}/models did not name one ({e})") from None
+    return JudgeConfig(base_url=args.judge_base_url, model=model, api_key_env=args.judge_api_key_env,
+                       max_concurrency=args.judge_max_concurrency, timeout_s=args.judge_timeout)
+
+
+def _check_args(args, rows: list[Row]) -> None:
+    from openrlhf_classmate.scoring import LabelError, monitor_is_binary, resolve_data_source
+
+    if args.no_think and (args.classmate or args.monitor):
+        raise EvaluationError("--no-think: there is no CoT for --classmate or --monitor")
+    if args.monitor and not args.judge_base_url:
+        raise EvaluationError("--monitor needs a judge: --judge-base-url (and --judge-model)")
+    if args.samples < 1 or args.max_new_tokens < 1:
+        raise EvaluationError("--samples and --max-new-tokens must be >= 1")
+    if args.samples > 1 and args.temperature == 0:
+        log("warning: --samples > 1 with greedy decoding gives identical samples; set --temperature")
+    for i, row in enumerate(rows):
+        source = args.scorer if args.scorer != "auto" else row.label.get("data_source")
+        try:
+            resolve_data_source(source)
+            if args.monitor:
+                monitor_is_binary(source)
+        except LabelError as e:
+            raise EvaluationError(f"row {i}: {e}") from None
+
+
+# ── the run ──────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _scorer_name(args, label: dict) -> str:
+    from openrlhf_classmate.scoring import resolve_data_source
+
+    return resolve_data_source(args.scorer if args.scorer != "auto" else label["data_source"])
+
+
+def _score_labels(args, labels: list[dict]) -> list[dict]:
+    return labels if args.scorer == "auto" else [{**label, "data_source": args.scorer} for label in labels]
+
+
+def _generator(args, factory: Callable, model: str, max_model_len: int | None = None):
+    return factory(args.backend, model, batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
+                   tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
+                   max_model_len=max_model_len, progress=not args.quiet)
+
+
+def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
+    """Evaluate as the module docstring says; returns the summary (also written to ``summary.json``)."""
+    from transformers import AutoTokenizer
+
+    from openrlhf_classmate.algo.spans import think_token_ids
+    from openrlhf_classmate.eval.report import format_table, summarize, write_plots
+    from openrlhf_classmate.scoring import score_responses
+
+    started = time.time()
+    rows = read_rows(args.data, args.input_key, args.label_key, args.limit)
+    _check_args(args, rows)
+    judge = _judge_config(args)
+    try:
+        template_kwargs = json.loads(args.chat_template_kwargs)
+    except json.JSONDecodeError as e:
+        raise EvaluationError(f"--chat-template-kwargs is not JSON ({e.msg})") from None
+    os.makedirs(args.output_dir, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)
+    open_id = close_id = None
+    if not args.no_think:
+        try:
+            open_id, close_id = think_token_ids(tokenizer, args.think_open, args.think_close)
+        except ValueError as e:
+            raise EvaluationError(f"{e}; set --think-open/--think-close, or --no-think for a model without a think "
+                                  "block") from None
+    prompt_ids, opened = render_prompts(tokenizer, rows, not args.no_chat_template, template_kwargs, args.think_open)
+    backend = resolve_backend(args.backend)
+    log(f"{len(rows)} prompts x {args.samples} samples, model {args.model}, backend {backend}")
+
+    generator = _generator(args, generator_factory, args.model, args.max_model_len)
+    params = GenParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                       top_k=args.top_k, n=args.samples, seed=args.seed)
+    try:
+        generations = generator.generate(prompt_ids, params, desc="policy")
+    finally:
+        generator.close()
+
+    records: list[dict[str, Any]] = []
+    splits: list[dict[str, Any]] = []
+    for p, (row, gens) in enumerate(zip(rows, generations, strict=True)):
+        for s, gen in enumerate(gens):
+            split = split_response(gen.token_ids, tokenizer, open_id, close_id, opened[p], tokenizer.eos_token_id)
+            splits.append(split)
+            records.append({
+                "index": len(records), "prompt_index": p, "sample_index": s,
+                "data_source": row.label.get("data_source"), "scorer": _scorer_name(args, row.label),
+                "prompt": row.messages, "response": split["response"], "cot": split["cot"],
+                "answer": split["answer"], "has_answer": split["has_answer"], "finish_reason": gen.finish_reason,
+                "response_tokens": len(gen.token_ids),
+                "cot_tokens": None if split["cot_ids"] is None else len(split["cot_ids"]),
+            })
+    labels = [rows[r["prompt_index"]].label for r in records]
+    log(f"scoring {len(records)} answers")
+    main_results = score_responses([r["answer"] for r in records], _score_labels(args, labels), judge=judge)
+    for r, res in zip(records, main_results, strict=True):
+        r.update(score=float(res.score), valid=bool(res.valid), extracted=res.extracted,
+                 explanation=res.explanation, reason=res.reason)
+
+    if args.classmate:
+        _run_classmate(args, generator_factory, tokenizer, rows, records, splits, labels, judge)
+
+    monitor = None
+    if args.monitor:
+        monitor = _run_monitor(records, _score_labels(args, labels), main_results, judge)
+
+    groups = summarize(records, monitor)
+    with open(os.path.join(args.output_dir, "samples.jsonl"), "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    plots = [] if args.no_plot else write_plots(records, groups, args.output_dir)
+    summary = {
+        "model": args.model, "data": args.data, "classmate": args.classmate, "backend": backend,
+        "prompts": len(rows), "samples_per_prompt": args.samples,
+        "generation": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                       "top_k": args.top_k, "seed": args.seed},
+        "judge": None if judge is None else {"base_url": judge.base_url, "model": judge.model},
+        "metrics": groups, "plots": [os.path.basename(p) for p in plots],
+        "elapsed_s": round(time.time() - started, 2),
+    }
+    with open(os.path.join(args.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(_finite(summary), f, indent=2)
+    print(format_table(groups))
+    log(f"wrote {args.output_dir}/samples.jsonl, summary.json" + (f", {', '.join(summary['plots'])}" if plots else ""))
+    return summary
+
+
+def _finite(value):
+    """NaN (an undefined metric) -> null, so summary.json is strict JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _run_classmate(args, generator_factory, main_tokenizer, rows, records, splits, labels, judge) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from openrlhf_classmate.algo.classmate_prompt import build_classmate_inputs
+    from openrlhf_classmate.scoring import score_responses
+
+    tokenizer = AutoTokenizer.from_pretrained(args.classmate, trust_remote_code=True)
+    max_context = args.classmate_max_context
+    if max_context is None:
+        config = AutoConfig.from_pretrained(args.classmate, trust_remote_code=True)
+        max_context = int(getattr(config, "max_position_embeddings", None) or 1 << 30)
+    messages = [rows[r["prompt_index"]].label.get("messages") or rows[r["prompt_index"]].messages for r in records]
+    try:
+        inputs = build_classmate_inputs(tokenizer, messages, [s["cot_ids"] for s in splits], main_tokenizer,
+                                        args.classmate_prompt_mode, args.think_open, args.think_close,
+                                        max_context=max_context, max_new_tokens=args.classmate_max_new_tokens)
+    except ValueError as e:
+        raise EvaluationError(f"--classmate {args.classmate}: {e}") from None
+    todo = [i for i, x in enumerate(inputs) if x.valid]
+    skipped = [x.skip_reason for x in inputs if not x.valid]
+    log(f"classmate {args.classmate}: {len(todo)} of {len(inputs)} inputs"
+        + (f" ({len(skipped)} skipped, e.g. {skipped[0]})" if skipped else ""))
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    if todo:
+        generator = _generator(args, generator_factory, args.classmate, args.classmate_max_context)
+        params = GenParams(max_new_tokens=args.classmate_max_new_tokens, temperature=args.classmate_temperature,
+                           top_p=args.top_p, top_k=args.top_k, n=1, seed=args.seed + 1)
+        try:
+            outs = generator.generate([inputs[i].input_ids for i in todo], params, desc="classmate")
+        finally:
+            generator.close()
+        for i, out in zip(todo, outs, strict=True):
+            texts[i] = tokenizer.decode(out[0].token_ids, skip_special_tokens=True).strip()
+            finish[i] = out[0].finish_reason
+    scored = score_responses([texts[i] for i in todo], _score_labels(args, [labels[i] for i in todo]), judge=judge
+                             ) if todo else []
+    results = dict(zip(todo, scored, strict=True))
+    for i, r in enumerate(records):
+        r["classmate_input_tokens"] = len(inputs[i].input_ids) if inputs[i].valid else None
+        r["classmate_output"] = texts.get(i)
+        r["classmate_finish_reason"] = finish.get(i)
+        res = results.get(i)
+        if res is None:
+            r.update(classmate_score=0.0, classmate_valid=False, classmate_extracted=None,
+                     classmate_reason=inputs[i].skip_reason)
+        else:
+            r.update(classmate_score=float(res.score), classmate_valid=bool(res.valid),
+                     classmate_extracted=res.extracted, classmate_reason=res.reason)
+
+
+def _run_monitor(records, labels, main_results, judge) -> dict[str, dict[str, float]]:
+    """Monitor predictions per CoT (``labels`` as scored) and ``monitor_metrics`` per scorer."""
+    from openrlhf_classmate.scoring import monitor_is_binary, monitor_metrics, monitor_predictions
+
+    log(f"CoT monitor on {len(records)} chains of thought")
+    preds = monitor_predictions([r["cot"] if r["cot_tokens"] else None for r in records], labels, judge)
+    for r, pred in zip(records, preds, strict=True):
+        r.update(monitor_score=float(pred.score), monitor_valid=bool(pred.valid), monitor_reason=pred.reason,
+                 monitor_explanation=pred.explanation)
+    out: dict[str, dict[str, float]] = {}
+    by_scorer: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_scorer.setdefault(r["scorer"], []).append(i)
+    for scorer, idx in by_scorer.items():
+        binary = monitor_is_binary(scorer)
+        out[scorer] = monitor_metrics([preds[i] for i in idx], [main_results[i] for i in idx], binary)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except EvaluationError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

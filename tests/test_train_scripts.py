@@ -1,0 +1,415 @@
+"""train_scripts/: syntax, GPU detection, server readiness (against real local HTTP servers), server start/stop with a
+stand-in `vllm serve`, and dry runs whose printed launcher command must parse with the launcher's parser."""
+
+import glob
+import http.server
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.testing.tiny_models import save_tiny_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "train_scripts")
+LIB = os.path.join(SCRIPTS, "lib.sh")
+RUN_SCRIPTS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(SCRIPTS, "*.sh"))
+                     if os.path.basename(p) not in ("lib.sh", "convert_checkpoint.sh"))
+JUDGE_SCRIPTS = {"warmup", "baseline_grpo", "classmate_gdpo", "classmate_separated", "self_classmate",
+                 "classmate_reproduce_reference"}
+CLASSMATE_SCRIPTS = {"classmate_gdpo", "classmate_separated", "self_classmate", "classmate_reproduce_reference",
+                     "classmate_gsm8k", "classmate_math", "classmate_mmlu"}
+
+
+def _bash(snippet: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    full = dict(os.environ, SERVER_POLL_INTERVAL="0.1", **(env or {}))
+    return subprocess.run(["bash", "-c", f"set -euo pipefail; . {shlex.quote(LIB)}; {snippet}"], env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _ModelsHandler(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self):  # noqa: N802
+        body = json.dumps({"object": "list", "data": [{"id": "served-judge", "object": "model"}]}).encode()
+        code = self.status if self.path == "/v1/models" else 404
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _serve(port: int, status: int = 200, delay: float = 0.0):
+    """A local /v1/models server on 127.0.0.1:port (started after `delay` seconds); returns a stop function."""
+    handler = type("Handler", (_ModelsHandler,), {"status": status})
+    box = {}
+
+    def run():
+        time.sleep(delay)
+        box["server"] = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        box["server"].serve_forever(poll_interval=0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def stop():
+        thread.join(timeout=delay + 5) if "server" not in box else None
+        if "server" in box:
+            box["server"].shutdown()
+            box["server"].server_close()
+    return stop
+
+
+# ── syntax and inventory ──
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(SCRIPTS, "*.sh")) + [
+    os.path.join(SCRIPTS, "slurm_template.sbatch")]), ids=os.path.basename)
+def test_bash_syntax(path):
+    proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_config_has_a_run_script_and_back():
+    configs = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(REPO, "configs", "*.yaml"))}
+    assert set(RUN_SCRIPTS) == configs
+    for name in RUN_SCRIPTS:
+        text = open(os.path.join(SCRIPTS, f"{name}.sh")).read()
+        assert f"run_config {name} " in text and text.startswith("#!/usr/bin/env bash")
+        assert os.access(os.path.join(SCRIPTS, f"{name}.sh"), os.X_OK)
+
+
+def test_no_machine_specific_paths_in_scripts():
+    for path in glob.glob(os.path.join(SCRIPTS, "*")):
+        text = open(path).read()
+        for bad in ("/work/", "/home/", "/root/", "/scratch/"):
+            assert bad not in text, f"{path}: {bad}"
+
+
+# ── GPU detection ──
+
+
+def test_gpu_detection_nvidia_smi_and_cuda_visible_devices(tmp_path):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: Fake H100 (UUID: GPU-$i)\"; done\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    env_no_cvd = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.run(["bash", "-c", f". {LIB}; detect_gpus"], env={**env_no_cvd, **env}, capture_output=True,
+                          text=True)
+    assert proc.stdout.strip() == "4"
+    assert _bash("detect_gpus", {**env, "CUDA_VISIBLE_DEVICES": "1,3"}).stdout.strip() == "2"
+    assert _bash("detect_gpus", {"CUDA_VISIBLE_DEVICES": ""}).stdout.strip() == "0"
+    proc = _bash('setup_gpus; echo "$GPUS_PER_NODE|$TRAIN_CUDA_DEVICES|$SERVER_CUDA_DEVICES|${RUN_ARGS[*]}"',
+                 {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SERVER_GPUS": "1", "NNODES": "2"})
+    gpus, train, server, flags = proc.stdout.strip().split("|")
+    assert (gpus, train, server) == ("3", "0,1,2", "3")
+    assert "--actor.num_nodes 2 --actor.num_gpus_per_node 3" in flags and "--vllm.num_engines 6" in flags
+
+
+def test_no_gpu_is_a_clear_error_outside_dry_runs():
+    proc = _bash("setup_gpus", {"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 1 and "no GPU left for training" in proc.stderr and "GPUS_PER_NODE" in proc.stderr
+
+
+# ── readiness ──
+
+
+def test_wait_ready_against_a_real_server():
+    port = _free_port()
+    stop = _serve(port)
+    try:
+        proc = _bash(f"wait_ready judge http://127.0.0.1:{port}/v1 10")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    assert f"judge server ready at http://127.0.0.1:{port}/v1" in proc.stderr
+
+
+def test_wait_ready_waits_for_a_slow_server():
+    port = _free_port()
+    stop = _serve(port, delay=1.0)
+    try:
+        t = time.time()
+        proc = _bash(f"wait_ready judge http://127.0.0.1:{port}/v1 20")
+        elapsed = time.time() - t
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    assert elapsed >= 0.9
+
+
+@pytest.mark.parametrize("status", [None, 503])
+def test_wait_ready_times_out_with_a_clear_message(status):
+    port = _free_port()
+    stop = _serve(port, status=status) if status else (lambda: None)
+    try:
+        t = time.time()
+        proc = _bash(f"wait_ready judge http://127.0.0.1:{port}/v1 2")
+        elapsed = time.time() - t
+    finally:
+        stop()
+    assert proc.returncode == 1
+    assert f"error: judge server at http://127.0.0.1:{port}/v1: not ready after 2 s" in proc.stderr
+    assert f"GET http://127.0.0.1:{port}/v1/models" in proc.stderr
+    assert "unset the *_URL variable" in proc.stderr  # no pid: a URL that was given, not started here
+    assert 1.5 <= elapsed < 15
+
+
+def test_wait_ready_stops_when_the_server_process_dies(tmp_path):
+    log = tmp_path / "judge.log"
+    log.write_text("loading model\nCUDA out of memory\n")
+    port = _free_port()
+    proc = _bash(f"sleep 0.2 & pid=$!; wait_ready judge http://127.0.0.1:{port}/v1 30 $pid {log}")
+    assert proc.returncode == 1
+    assert "exited before answering" in proc.stderr and "CUDA out of memory" in proc.stderr and str(log) in proc.stderr
+
+
+# ── servers started by the scripts (a stand-in for `vllm serve`) ──
+
+FAKE_VLLM = r'''
+import http.server, json, os, sys, time
+argv = sys.argv[1:]
+assert argv[0] == "serve", argv
+model, host, port = argv[1], argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
+with open(os.environ["FAKE_VLLM_RECORD"], "a") as f:
+    f.write(json.dumps({"argv": argv, "pid": os.getpid(), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
+time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0")))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": model}]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((host, port), H).serve_forever()
+'''
+
+FAKE_PYTHON = r'''#!/usr/bin/env bash
+# stands in for the launcher's python: records its arguments and environment, exits with FAKE_PYTHON_STATUS
+printf '%s\n' "$@" > "$FAKE_PYTHON_RECORD"
+echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >> "$FAKE_PYTHON_RECORD.env"
+exit "${FAKE_PYTHON_STATUS:-0}"
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split()[2] != "Z"
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    vllm = tmp_path / "fake_vllm.py"
+    vllm.write_text(FAKE_VLLM)
+    python = tmp_path / "fake_python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    return {"VLLM_BIN": f"{sys.executable} {vllm}", "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
+            "FAKE_PYTHON": str(python), "FAKE_PYTHON_RECORD": str(tmp_path / "launcher_args.txt")}
+
+
+def test_script_starts_the_judge_waits_launches_and_stops_it(tmp_path, fakes):
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    port = _free_port()
+    env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
+               FAKE_VLLM_DELAY="0.5", PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
+               FAKE_PYTHON_STATUS="3", CUDA_VISIBLE_DEVICES="0,1,2", SERVER_GPUS="1", JUDGE_PORT=str(port),
+               JUDGE_MODEL="judge-x", DATA=str(data), EVAL_DATA="", OUTPUT_DIR=str(tmp_path / "run"),
+               SERVER_POLL_INTERVAL="0.1")
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "warmup.sh"), "--train.seed", "5"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr  # the launcher's exit status
+    record = [json.loads(line) for line in open(fakes["FAKE_VLLM_RECORD"])]
+    assert len(record) == 1
+    argv = record[0]["argv"]
+    assert argv[:2] == ["serve", "judge-x"] and argv[argv.index("--port") + 1] == str(port)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.85"  # a reserved GPU: most of its memory
+    assert record[0]["cuda"] == "2"  # the last GPU is the server's
+    assert "stopped 1 server(s)" in proc.stderr
+    for _ in range(50):
+        if not _alive(record[0]["pid"]):
+            break
+        time.sleep(0.1)
+    assert not _alive(record[0]["pid"]), "the judge server outlived the script"
+    launcher = open(fakes["FAKE_PYTHON_RECORD"]).read().split("\n")
+    assert launcher[:2] == ["-m", "openrlhf_classmate.cli.train_ppo_ray"]
+    flags = launcher[2:]
+    assert flags[flags.index("--classmate.judge_base_url") + 1] == f"http://127.0.0.1:{port}/v1"
+    assert flags[flags.index("--classmate.judge_model") + 1] == "judge-x"
+    assert flags[flags.index("--actor.num_gpus_per_node") + 1] == "2" and flags[-2:-1] == ["5"]
+    assert open(fakes["FAKE_PYTHON_RECORD"] + ".env").read().strip() == "CUDA_VISIBLE_DEVICES=0,1"
+    assert (tmp_path / "run" / "logs" / "judge.log").exists()
+
+
+def test_a_server_that_never_becomes_ready_fails_the_script_and_is_stopped(tmp_path, fakes):
+    port = _free_port()
+    env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
+               FAKE_VLLM_DELAY="30", SERVER_READY_TIMEOUT="1", SERVER_POLL_INTERVAL="0.1", GPUS_PER_NODE="1",
+               JUDGE_PORT=str(port), PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
+               OUTPUT_DIR=str(tmp_path / "run"))
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gdpo.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1
+    assert f"judge server at http://127.0.0.1:{port}/v1: not ready after 1 s" in proc.stderr
+    assert "server log" in proc.stderr and not os.path.exists(fakes["FAKE_PYTHON_RECORD"])  # never launched
+    pid = json.loads(open(fakes["FAKE_VLLM_RECORD"]).readline())["pid"]
+    time.sleep(0.3)
+    assert not _alive(pid)
+
+
+def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, fakes):
+    port = _free_port()
+    stop = _serve(port)
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    env = dict(os.environ, JUDGE_URL=f"http://127.0.0.1:{port}/v1", GPUS_PER_NODE="1", PYTHON=sys.executable,
+               DATA=str(data), EVAL_DATA="", MODEL="Qwen/Qwen3-0.6B", DRY_RUN="1")
+    try:
+        proc = subprocess.run(["bash", os.path.join(SCRIPTS, "baseline_grpo.sh")], env=env, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    assert "vllm serve" not in proc.stdout  # nothing started
+    assert f"--classmate.judge_base_url http://127.0.0.1:{port}/v1 --classmate.judge_model served-judge" in proc.stdout
+
+
+def test_missing_inputs_are_named(tmp_path, fakes):
+    env = dict(os.environ, GPUS_PER_NODE="1", PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
+               DATA=str(tmp_path / "missing.jsonl"))
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gsm8k.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "DATA:" in proc.stderr and "setup_data" in proc.stderr
+    port = _free_port()
+    stop = _serve(port)
+    try:
+        env.update(JUDGE_URL=f"http://127.0.0.1:{port}/v1", WARMUP_MODEL=str(tmp_path / "no_warmup"))
+        proc = subprocess.run(["bash", os.path.join(SCRIPTS, "self_classmate.sh")], env=env, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        stop()
+    assert proc.returncode == 1 and "train_scripts/warmup.sh first" in proc.stderr
+    assert not os.path.exists(fakes["FAKE_PYTHON_RECORD"])
+
+
+# ── dry runs: the printed command parses with the launcher's parser ──
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scripts")
+    words = ["a", "b", "1", "2"]
+    policy = save_tiny_model(str(root / "policy"), words, hidden_size=8, num_layers=1, num_heads=2)
+    classmate = save_tiny_model(str(root / "classmate"), words, hidden_size=8, num_layers=1, num_heads=2, seed=1)
+    data, eval_data = root / "train.jsonl", root / "eval.jsonl"
+    data.write_text("{}\n")
+    eval_data.write_text("{}\n")
+    return {"policy": policy, "classmate": classmate, "data": str(data), "eval": str(eval_data), "root": str(root)}
+
+
+def _dry_run(script: str, env: dict, *args: str) -> tuple[list[str], list[str], str]:
+    full = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    full.update(DRY_RUN="1", **env)
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    launcher = [c for c in commands if "openrlhf_classmate.cli.train_ppo_ray" in c]
+    assert len(launcher) == 1, proc.stdout
+    cmd = launcher[0]
+    servers = [c for c in commands if c is not cmd]
+    return cmd, [" ".join(s) for s in servers], proc.stderr
+
+
+def _launcher_flags(cmd: list[str]) -> list[str]:
+    return cmd[cmd.index("openrlhf_classmate.cli.train_ppo_ray") + 1:]
+
+
+@pytest.mark.parametrize("script", RUN_SCRIPTS)
+def test_dry_run_command_parses_and_maps_the_environment(script, tiny, tmp_path):
+    out = str(tmp_path / "out")
+    env = {"MODEL": tiny["policy"], "CLASSMATE_MODEL": tiny["classmate"], "DATA": tiny["data"],
+           "EVAL_DATA": tiny["eval"], "OUTPUT_DIR": out, "GPUS_PER_NODE": "2",
+           "DARLING_CLASSIFIER_MODEL": tiny["classmate"], "JUDGE_PORT": "8123"}
+    cmd, servers, _ = _dry_run(script, env, "--train.seed", "7")
+    args = parse_args(_launcher_flags(cmd))
+    assert cmd[0].endswith("python") or "python" in os.path.basename(cmd[0])
+    assert args.config == os.path.join(REPO, "configs", f"{script}.yaml")
+    assert args.actor.model_name_or_path == tiny["policy"]
+    assert args.data.prompt_dataset == tiny["data"] and args.eval.dataset == tiny["eval"]
+    assert args.ckpt.path == f"{out}/ckpt" and args.ckpt.output_dir == f"{out}/final"
+    assert args.logger.tensorboard_dir == f"{out}/tensorboard"
+    assert args.actor.num_gpus_per_node == 2 and args.vllm.num_engines == 2 and args.ref.num_gpus_per_node == 2
+    assert args.train.seed == 7  # the script's own arguments win
+    if script in CLASSMATE_SCRIPTS:
+        assert args.classmate.model_name_or_path == [tiny["classmate"]] and args.classmate.num_engines == 2
+    else:
+        assert args.classmate.model_name_or_path is None
+    if script in JUDGE_SCRIPTS:
+        assert args.classmate.judge_base_url == "http://127.0.0.1:8123/v1"
+        assert len(servers) == 1 and servers[0].startswith("vllm serve Qwen/Qwen3-4B-Instruct-2507")
+        assert "--port 8123" in servers[0] and "--gpu-memory-utilization 0.2" in servers[0]
+    elif script == "tinyv":
+        assert args.classmate.judge_base_url == "http://127.0.0.1:8001/v1"
+        assert servers == [s for s in servers if s.startswith("vllm serve zhangchenxu/TinyV-1.5B")] and servers
+    elif script == "darling":
+        assert len(servers) == 1 and "--runner pooling" in servers[0]
+    else:
+        assert servers == []
+
+
+def test_self_classmate_defaults_both_models_to_the_warmup_model(tiny):
+    cmd, _, _ = _dry_run("self_classmate", {"WARMUP_MODEL": tiny["policy"], "DATA": tiny["data"],
+                                            "EVAL_DATA": "", "GPUS_PER_NODE": "1"})
+    args = parse_args(_launcher_flags(cmd))
+    assert args.actor.model_name_or_path == tiny["policy"] and args.classmate.model_name_or_path == [tiny["policy"]]
+    assert args.eval.dataset == ""  # EVAL_DATA="" turns evaluation off
+
+
+def test_dry_run_on_a_ray_cluster_submits_a_job(tiny):
+    env = {"MODEL": tiny["policy"], "CLASSMATE_MODEL": tiny["classmate"], "DATA": tiny["data"], "EVAL_DATA": "",
+           "GPUS_PER_NODE": "8", "NNODES": "2", "RAY_ADDRESS": "http://10.0.0.1:8265", "SERVER_HOST": "10.0.0.1",
+           "HF_HOME": "/shared/hf", "RAY_JOB_ENV_VARS": "MY_VAR", "MY_VAR": "x"}
+    cmd, servers, _ = _dry_run("classmate_gdpo", env)
+    sep = cmd.index("--")
+    assert os.path.basename(cmd[0]) == "ray" and cmd[1:5] == ["job", "submit", "--address", "http://10.0.0.1:8265"]
+    runtime_env = json.loads(cmd[cmd.index("--runtime-env-json") + 1])
+    assert runtime_env["working_dir"] == REPO and ".venv/" in runtime_env["excludes"]
+    assert {"HF_HOME": "/shared/hf", "MY_VAR": "x"}.items() <= runtime_env["env_vars"].items()
+    assert "PATH" not in runtime_env["env_vars"]  # only the listed names travel
+    args = parse_args(_launcher_flags(cmd[sep + 1:]))
+    assert args.actor.num_nodes == 2 and args.actor.num_gpus_per_node == 8 and args.vllm.num_engines == 16
+    assert args.classmate.num_engines == 16
+    assert args.classmate.judge_base_url == "http://10.0.0.1:8000/v1"  # reachable from the other nodes
+    assert "--host 0.0.0.0" in servers[0]
+
+
+def test_convert_checkpoint_script_usage():
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "convert_checkpoint.sh")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "CKPT_DIR OUT_DIR [TAG]" in proc.stderr
