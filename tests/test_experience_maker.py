@@ -207,3 +207,14 @@ def test_a_label_without_messages_is_a_clear_error(world, fake_ray):
     sample.labels = ["not json"]
     with pytest.raises(ClassmateInputError, match="not JSON"):
         stage.dispatch([sample])
+
+
+def test_bad_labels_stop_the_run_with_the_registrys_message(world, fake_ray, upstream_forward):
+    from openrlhf_classmate.scoring import LabelError
+
+    args = _args(world)
+    maker, _ = _maker(args, world, fake_ray)
+    samples = _rollout(world)
+    samples[2].labels = [json.dumps({"data_source": "arithmetic", "messages": [{"role": "user", "content": "x"}]})]
+    with pytest.raises(LabelError, match="data_source 'arithmetic', field 'ground_truth'"):
+        maker.make_experience_batch(samples)

@@ -30,6 +30,7 @@ def reward_env(args) -> dict[str, str]:
     strip = [t for t in tokenizer.all_special_tokens if t not in (cfg.think_open, cfg.think_close)]
     env = {
         "OPENRLHF_CLASSMATE_THINK_CLOSE": cfg.think_close,
+        "OPENRLHF_CLASSMATE_FINAL_ANSWER": cfg.final_answer,
         "OPENRLHF_CLASSMATE_STRIP_TOKENS": json.dumps(strip),
         "OPENRLHF_CLASSMATE_SCORER": cfg.scorer,
     }
@@ -57,6 +58,9 @@ def init_ray(args, extra_env: dict[str, str]) -> None:
                         "HF_HUB_OFFLINE", "PYTHONPATH"):
         if passthrough in os.environ:
             env[passthrough] = os.environ[passthrough]
+    for name, value in os.environ.items():  # settings of reward hooks and servers (e.g. DARLING_CLASSIFIER_URLS)
+        if name.startswith(("OPENRLHF_CLASSMATE_", "DARLING_", "TINYV_", "VRCLI_")):
+            env.setdefault(name, value)
     os.environ.update(extra_env)
     runtime_env = {"env_vars": env, "worker_process_setup_hook": "openrlhf_classmate.integration.patches.worker_setup"}
     if os.environ.get("RAY_ADDRESS"):

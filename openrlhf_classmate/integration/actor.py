@@ -82,7 +82,8 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.upstream_loss_fn = self.actor_loss_fn
-        built = build_classmate_loss(self.args) if classmate_enabled(self.args) else None
+        cfg = self.args.classmate
+        built = build_classmate_loss(self.args) if classmate_enabled(self.args) or cfg.loss_agg_mode else None
         if built is not None:
             loss, fields, zero_classmate = built
             self.actor_loss_fn = ClassmateLossAdapter(loss, fields, self, zero_classmate)

@@ -76,6 +76,12 @@ class ClassmateConfig:
             "choices": PROMPT_MODES,
         },
     )
+    final_answer: str = field(
+        default="after_think",
+        metadata={"help": "What the main reward scores: the text after the think-close tag (a response without one "
+                          "has no answer and scores 0), or the whole response (non-thinking policies)",
+                  "choices": ("after_think", "whole_response")},
+    )
     think_open: str = field(default="<think>", metadata={"help": "Tag opening the main model's CoT"})
     think_close: str = field(default="</think>", metadata={"help": "Tag closing the main model's CoT"})
     classmate_think_open: str | None = field(
@@ -105,7 +111,8 @@ class ClassmateConfig:
     )
     loss_agg_mode: str | None = field(
         default=None,
-        metadata={"help": "Overrides --actor.loss_agg_mode; adds seq-mean-token-sum-norm", "choices": LOSS_AGG_MODES},
+        metadata={"help": "Overrides --actor.loss_agg_mode, adding the reference's seq-mean-token-sum-norm (also "
+                          "without a classmate)", "choices": LOSS_AGG_MODES},
     )
     eps_clip_low_high: list[float] = field(
         default_factory=lambda: [0.4, 0.4], metadata={"help": "Clip range of the classmate PPO term", "nargs": 2}
@@ -162,6 +169,12 @@ def add_classmate_arguments(parser: argparse.ArgumentParser) -> None:
     _add_group(parser, "engine", EngineConfig)
 
 
+def registry_reward_in_use(args: SimpleNamespace) -> bool:
+    """True when the main reward is our scorer-registry reward function (the launcher's default)."""
+    urls = getattr(args.reward, "remote_url", None) or []
+    return REWARD_FUNC_PATH in urls
+
+
 def classmate_enabled(args: SimpleNamespace) -> bool:
     return bool(getattr(getattr(args, "classmate", None), "model_name_or_path", None))
 
@@ -191,7 +204,9 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         args.engine.backend = "vllm" if real_vllm else "hf"
 
     if not enabled:
-        for name, default in (("estimator", None), ("loss", "auto"), ("loss_agg_mode", None)):
+        if c.loss_agg_mode in ("token-mean", "seq-mean-token-mean"):
+            args.actor.loss_agg_mode = c.loss_agg_mode  # upstream's PolicyLoss aggregates these itself
+        for name, default in (("estimator", None), ("loss", "auto")):
             if getattr(c, name) != default:
                 _fail(f"--classmate.{name} {getattr(c, name)} needs a classmate: set --classmate.model_name_or_path")
         return

@@ -65,8 +65,22 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         if self.classmate_engines:
             ray.get([getattr(engine, method).remote(**kwargs) for engine in self.classmate_engines])
 
+    def check_labels(self, rollout_samples) -> None:
+        """Bad labels stop the run with the scorer registry's message (naming data source and field): the engine-side
+        reward function can only report them as invalid scores, because OpenRLHF swallows its exceptions."""
+        from openrlhf_classmate.integration.classmate_config import registry_reward_in_use
+        from openrlhf_classmate.scoring import get_scorer, parse_label
+
+        if not registry_reward_in_use(self.args):
+            return
+        override = getattr(self.args.classmate, "scorer", "auto")
+        for sample in rollout_samples:
+            label = parse_label(sample.labels[0])
+            get_scorer(label["data_source"] if override == "auto" else override).check_label(label)
+
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
+        self.check_labels(rollout_samples)
         if self.stage is None:
             return super().make_experience_batch(rollout_samples)
         main_rewards = torch.cat([s.rewards.float() for s in rollout_samples])

@@ -9,7 +9,7 @@ scorer (canonical)     aliases                                                  
 =====================  ===========================================================  ==============================
 gsm8k                  openai/gsm8k                                                 ground_truth (number)
 hendrycks_math         EleutherAI/hendrycks_math                                    ground_truth (answer LaTeX)
-math_verify            (generic math-verify equivalence for other math sources)     ground_truth (answer LaTeX)
+math_verify            deepscaler, bigmath_tinyv (rule-based part of TinyV only)    ground_truth (answer LaTeX)
 mmlu_sycophancy        cais/mmlu, mmlu_sycophancy_new                               ground_truth (hint letter A-D)
 mmlu_pro_sycophancy    TIGER-Lab/MMLU-Pro                                           ground_truth (hint letter A-J)
 sycophancy_judge       helpful_instructions, anthropic_hh_rlhf,                     raw_question_for_monitor
@@ -171,7 +171,8 @@ def _register_builtins() -> None:
     register_scorer("gsm8k", lambda judge: Gsm8kScorer(), aliases=("openai/gsm8k",))
     register_scorer("hendrycks_math", lambda judge: MathVerifyScorer("hendrycks_math"),
                     aliases=("EleutherAI/hendrycks_math",))
-    register_scorer("math_verify", lambda judge: MathVerifyScorer("math_verify"))
+    register_scorer("math_verify", lambda judge: MathVerifyScorer("math_verify"),
+                    aliases=("deepscaler", "bigmath_tinyv"))
     register_scorer("mmlu_sycophancy", lambda judge: MultipleChoiceScorer("mmlu_sycophancy", MMLU_LETTERS),
                     aliases=("cais/mmlu", "mmlu_sycophancy_new"))
     register_scorer("mmlu_pro_sycophancy",

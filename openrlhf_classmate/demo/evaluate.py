@@ -1,0 +1,152 @@
+"""Held-out evaluation of a main model with the frozen classmate, built exactly as in training.
+
+For each held-out problem the main model samples ``samples`` responses (temperature 1, the training rollout
+setting). Each response is split into CoT / answer on token ids (``spans.cot_mask``); the main answer (text after
+``</think>``) is scored by the registry's ``arithmetic`` scorer. The classmate then receives
+``build_classmate_input(messages, CoT)`` (the launcher's classmate prompt) and answers greedily; its answer is scored
+with the same scorer. Accuracies are means over all samples.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import torch
+
+from openrlhf_classmate.algo.classmate_prompt import build_classmate_input
+from openrlhf_classmate.algo.spans import cot_mask, think_token_ids
+from openrlhf_classmate.demo import world as W
+
+MAX_NEW_TOKENS = 24
+CLASSMATE_MAX_NEW_TOKENS = 4
+
+
+def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        attention[i, width - len(r) :] = 1
+    return ids, attention
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, sample: bool, batch_size: int = 256,
+             ) -> list[list[int]]:
+    """Generated ids per prompt (EOS kept when produced, nothing after it)."""
+    out: list[list[int]] = []
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        ids, attention = _left_pad(chunk, pad)
+        gen = model.generate(input_ids=ids, attention_mask=attention, do_sample=sample,
+                             temperature=1.0 if sample else None, top_p=1.0 if sample else None, top_k=0 if sample else None,
+                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+        for row in gen[:, ids.shape[1] :].tolist():
+            end = row.index(eos) + 1 if eos in row else len(row)
+            out.append(row[:end])
+    return out
+
+
+def cot_style(problem: W.Problem, cot: str) -> str:
+    """full / skip / none / other, and whether the written chain is exactly the correct one."""
+    words = cot.split()
+    if not words:
+        return "none"
+    steps = len(problem.steps)
+    for kind, n in (("full", steps), ("skip", steps - 1)):
+        value, written = problem.first, []
+        for op, d in problem.steps[:n]:
+            value = W.apply(value, op, d)
+            written.append(value)
+        if len(words) == 1 + 4 * n:
+            shape = [str(problem.first)] + [w for (op, d) in problem.steps[:n] for w in (op, str(d), "=", "#")]
+            if all(s == "#" or s == w for s, w in zip(shape, words)):
+                return kind
+    return "other"
+
+
+def chain_correct(problem: W.Problem, cot: str) -> bool:
+    return cot.split() == W.chain_text(problem, _true_chain(problem)).split()
+
+
+def _true_chain(problem: W.Problem) -> list[int]:
+    value, out = problem.first, []
+    for op, d in problem.steps:
+        value = W.apply(value, op, d)
+        out.append(value)
+    return out
+
+
+def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: list[W.Problem], samples: int,
+             seed: int) -> dict:
+    from openrlhf_classmate.reward_func import final_answer
+    from openrlhf_classmate.scoring import score_responses
+
+    torch.manual_seed(seed)
+    prompts = []
+    for p in problems:
+        text = main_tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
+        prompts += [list(main_tok.encode(text, add_special_tokens=False))] * samples
+    responses = generate(main_model, main_tok, prompts, MAX_NEW_TOKENS, sample=True)
+
+    open_id, close_id = think_token_ids(main_tok)
+    width = max(1, max(len(r) for r in responses))
+    ids = torch.full((len(responses), width), main_tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(responses), width), dtype=torch.bool)
+    for i, r in enumerate(responses):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = True
+    spans = cot_mask(ids, mask, open_id, close_id, main_tok.eos_token_id)
+
+    strip = [t for t in main_tok.all_special_tokens if t not in ("<think>", "</think>")]
+    rows, classmate_prompts = [], []
+    for i, r in enumerate(responses):
+        p = problems[i // samples]
+        cot_ids = ids[i][spans.mask[i]].tolist()
+        cot = main_tok.decode(cot_ids, skip_special_tokens=True)
+        text = main_tok.decode(r, skip_special_tokens=False)
+        answer = final_answer(text, "</think>", strip)
+        request = build_classmate_input(classmate_tok, p.messages, cot_ids, main_tok, max_context=1 << 16,
+                                        max_new_tokens=CLASSMATE_MAX_NEW_TOKENS)
+        classmate_prompts.append(request.input_ids)
+        rows.append({"problem": p.text, "ground_truth": p.answer, "response": text, "cot": cot, "answer": answer,
+                     "cot_tokens": int(spans.length[i]), "style": cot_style(p, cot),
+                     "chain_correct": chain_correct(p, cot)})
+    classmate_out = generate(classmate_model, classmate_tok, classmate_prompts, CLASSMATE_MAX_NEW_TOKENS, sample=False)
+    labels = [{"data_source": "arithmetic", "ground_truth": str(row["ground_truth"])} for row in rows]
+    main_scores = score_responses([row["answer"] for row in rows], labels)
+    cm_texts = [classmate_tok.decode(o, skip_special_tokens=True) for o in classmate_out]
+    cm_scores = score_responses(cm_texts, labels)
+    for row, m, c, t in zip(rows, main_scores, cm_scores, cm_texts):
+        row["main_correct"] = bool(m.valid and m.score > 0)
+        row["classmate_answer"] = t
+        row["classmate_correct"] = bool(c.valid and c.score > 0)
+
+    n = len(rows)
+    styles = Counter(row["style"] for row in rows)
+    return {
+        "main_accuracy": sum(r["main_correct"] for r in rows) / n,
+        "classmate_accuracy": sum(r["classmate_correct"] for r in rows) / n,
+        "cot_tokens": sum(r["cot_tokens"] for r in rows) / n,
+        "chain_correct": sum(r["chain_correct"] for r in rows) / n,
+        "styles": {k: styles.get(k, 0) / n for k in ("full", "skip", "none", "other")},
+        "num_problems": len(problems),
+        "samples_per_problem": samples,
+        "rows": rows,
+    }
+
+
+def summary_line(result: dict) -> str:
+    s = result["styles"]
+    return (f"main acc {100 * result['main_accuracy']:5.1f}%  classmate acc {100 * result['classmate_accuracy']:5.1f}%  "
+            f"CoT {result['cot_tokens']:4.1f} tok  styles full/skip/none/other "
+            f"{100 * s['full']:.0f}/{100 * s['skip']:.0f}/{100 * s['none']:.0f}/{100 * s['other']:.0f}%")
+
+
+def write_rows(path: str, result: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in result["rows"]:
+            f.write(json.dumps(row) + "\n")

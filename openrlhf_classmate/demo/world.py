@@ -1,0 +1,159 @@
+"""The demo's chain-of-thought world: multi-step arithmetic with running results.
+
+A problem is ``7 + 5 - 3 + 8 = ?`` (``NUM_OPERANDS`` one-digit operands, running results kept in
+``0..MAX_RESULT``). A *legible* chain of thought restates the problem one step at a time with the running result::
+
+    <think> 7 + 5 = 12 - 3 = 9 + 8 = 17 </think> 17
+
+Every number is a single word-level token, so a whole response is under 20 tokens.
+
+The main model is warm-started on *imperfect* traces, drawn from three styles:
+
+* ``full``: the whole chain, then the last running result as the answer (the style we want);
+* ``skip``: the chain stops one step early and the last step is done silently in the answer
+  (``<think> 7 + 5 = 12 - 3 = 9 </think> 17``): the main answer can be right, but a reader of the CoT cannot know it;
+* ``none``: no chain at all (``<think> </think> 17``), the answer is a noisy guess.
+
+and every written step is wrong with a small probability (the chain then continues from the wrong value). RL has
+room on three axes: fewer arithmetic slips, fewer guesses, and (only the classmate reward cares) fewer silent steps.
+
+The classmate is warm-started *only* to read a CoT and repeat its last running result; it never learns arithmetic.
+Its accuracy therefore measures exactly one thing: whether the main model's CoT is complete, legible and correct.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+
+NUM_OPERANDS = 4
+MAX_OPERAND = int(os.environ.get("DEMO_MAX_OPERAND", 9))
+MAX_RESULT = int(os.environ.get("DEMO_MAX_RESULT", 30))
+MAX_WORD = MAX_RESULT + 4  # wrong steps can overshoot a little
+WORDS = [str(i) for i in range(MAX_WORD + 1)] + ["+", "-", "=", "?"]
+STYLES = ("full", "skip", "none")
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """Knobs of the warm-start trace distribution (the defaults are the ones the README numbers come from)."""
+
+    style_probs: tuple[float, float, float] = (0.25, 0.35, 0.40)  # full, skip, none
+    step_error: float = 0.12  # probability that a written running result is wrong
+    guess_correct: float = 0.15  # probability that a no-CoT answer is right
+    answer_error: float = 0.05  # probability that the silent last step of a "skip" trace is wrong
+
+
+@dataclass(frozen=True)
+class Problem:
+    first: int
+    steps: tuple[tuple[str, int], ...]  # (op, operand)
+
+    @property
+    def text(self) -> str:
+        return " ".join([str(self.first), *(f"{op} {d}" for op, d in self.steps), "= ?"])
+
+    @property
+    def answer(self) -> int:
+        value = self.first
+        for op, d in self.steps:
+            value = apply(value, op, d)
+        return value
+
+    @property
+    def messages(self) -> list[dict]:
+        return [{"role": "user", "content": self.text}]
+
+
+def apply(value: int, op: str, d: int) -> int:
+    return value + d if op == "+" else value - d
+
+
+def random_problem(rng: random.Random) -> Problem:
+    first = rng.randint(1, MAX_OPERAND)
+    value, steps = first, []
+    for _ in range(NUM_OPERANDS - 1):
+        d = rng.randint(1, MAX_OPERAND)
+        ops = [op for op in ("+", "-") if 0 <= apply(value, op, d) <= MAX_RESULT]
+        op = rng.choice(ops)
+        value = apply(value, op, d)
+        steps.append((op, d))
+    return Problem(first, tuple(steps))
+
+
+def make_splits(seed: int, num_train: int, num_eval: int) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint train / held-out problem sets (distinct problems, seeded)."""
+    rng = random.Random(seed)
+    seen: set[Problem] = set()
+    problems: list[Problem] = []
+    for _ in range(50 * (num_train + num_eval)):
+        p = random_problem(rng)
+        if p not in seen:
+            seen.add(p)
+            problems.append(p)
+            if len(problems) == num_train + num_eval:
+                break
+    if len(problems) < num_train + num_eval:
+        raise ValueError(f"could not draw {num_train + num_eval} distinct problems (only {len(problems)})")
+    return problems[num_eval:], problems[:num_eval]
+
+
+def _slip(rng: random.Random, value: int, width: int = 2) -> int:
+    """A wrong value near ``value`` (never ``value`` itself), inside the vocabulary."""
+    return rng.choice([value + k for k in range(-width, width + 1) if k and 0 <= value + k <= MAX_WORD])
+
+
+def chain_text(problem: Problem, written: list[int]) -> str:
+    """``a op d = r1 op d = r2 ...`` for the running results ``written`` (one per step, may be shorter)."""
+    parts = [str(problem.first)]
+    for (op, d), r in zip(problem.steps, written):
+        parts += [op, str(d), "=", str(r)]
+    return " ".join(parts)
+
+
+def sample_trace(problem: Problem, rng: random.Random, cfg: WorldConfig, style: str | None = None) -> tuple[str, str]:
+    """(CoT text, answer text) of one warm-start trace of the main model."""
+    style = style or rng.choices(STYLES, weights=cfg.style_probs)[0]
+    if style == "none":
+        answer = problem.answer if rng.random() < cfg.guess_correct else _slip(rng, problem.answer, width=4)
+        return "", str(answer)
+    n_written = len(problem.steps) if style == "full" else len(problem.steps) - 1
+    value, written = problem.first, []
+    for op, d in problem.steps[:n_written]:
+        value = min(max(apply(value, op, d), 0), MAX_WORD)  # a wrong chain may leave the range
+        if rng.random() < cfg.step_error:
+            value = _slip(rng, value)
+        written.append(value)
+    if style == "full":
+        answer = value
+    else:
+        op, d = problem.steps[-1]
+        answer = apply(value, op, d)
+        answer = min(max(answer, 0), MAX_WORD)
+        if rng.random() < cfg.answer_error:
+            answer = _slip(rng, answer)
+    return chain_text(problem, written), str(answer)
+
+
+def response_text(cot: str, answer: str) -> str:
+    return f"<think> {cot} </think> {answer}" if cot else f"<think> </think> {answer}"
+
+
+def last_number(text: str) -> int | None:
+    numbers = [w for w in text.split() if w.isdigit()]
+    return int(numbers[-1]) if numbers else None
+
+
+def label_json(problem: Problem) -> str:
+    return json.dumps({"data_source": "arithmetic", "ground_truth": str(problem.answer), "messages": problem.messages})
+
+
+def write_prompts(path: str, problems: list[Problem]) -> str:
+    """The launcher's prompt dataset: ``{"prompt": messages, "label": JSON}`` lines."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in problems:
+            f.write(json.dumps({"prompt": p.messages, "label": label_json(p)}) + "\n")
+    return path
