@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _launch(argv: list[str], log_path: str) -> None:
-    code = run_launcher(argv, log_path, cwd=REPO)
+def _launch(argv: list[str], log_path: str, env: dict[str, str] | None = None) -> None:
+    code = run_launcher(argv, log_path, cwd=REPO, env=env)
     if code != 0:
         with open(log_path) as f:
             tail = f.read()[-6000:]
@@ -32,7 +32,10 @@ def _launch(argv: list[str], log_path: str) -> None:
 def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     world = build_world(str(tmp_path / "world"))
     root = world["root"]
-    _launch(launcher_argv(world), str(tmp_path / "run1.log"))
+    wandb_dir = str(tmp_path / "wandb")
+    os.makedirs(wandb_dir)
+    _launch(launcher_argv(world, extra=["--logger.wandb.key", "offline"]), str(tmp_path / "run1.log"),
+            env={"WANDB_MODE": "offline", "WANDB_DIR": wandb_dir})
 
     with open(os.path.join(root, "ckpt", "engine_weight_updates.json")) as f:
         updates = json.load(f)
@@ -55,6 +58,9 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     assert all(v == 0.0 for v in tb["train/classmate/adv_abs_outside_cot"].values())  # classmate_partial
     assert max(tb["train/classmate/adv_abs_on_cot"].values()) > 0
     assert all(v > 0 for v in tb["train/classmate/stage_time"].values())
+    # the same metrics through OpenRLHF's wandb logger, offline
+    records = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    assert len(records) == 1 and b"classmate/stage_overlap_time" in open(records[0], "rb").read()
 
     # resume: a second episode starts from the saved step 2 and its dataloader state
     resumed = launcher_argv(world, num_episodes=2, extra=["--ckpt.load_enable", "--logger.tensorboard_dir",

@@ -53,7 +53,7 @@ def init_ray(args, extra_env: dict[str, str]) -> None:
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
         **extra_env,
     }
-    for passthrough in ("TORCH_CUDA_ARCH_LIST", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "WANDB_MODE", "OMP_NUM_THREADS",
+    for passthrough in ("TORCH_CUDA_ARCH_LIST", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "WANDB_MODE", "WANDB_DIR", "OMP_NUM_THREADS",
                         "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
                         "HF_HUB_OFFLINE", "PYTHONPATH"):
         if passthrough in os.environ:

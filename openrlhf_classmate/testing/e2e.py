@@ -57,12 +57,14 @@ def launcher_argv(world: dict[str, str], classmate: bool = True, zero_stage: int
     return argv + list(extra or [])
 
 
-def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout: int = 900) -> int:
+def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout: int = 900,
+                 env: dict[str, str] | None = None) -> int:
     """Run the launcher as a subprocess (as a user would), output to ``log_path``; returns the exit code."""
     import subprocess
     import sys
 
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",
+           **(env or {})}
     with open(log_path, "w") as log:
         return subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
                               env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
