@@ -63,3 +63,20 @@ def test_engine_factory_seeds_classmates_apart_and_uses_the_classmate_executor(m
     assert all(kw["agent_func_path"].endswith("classmate_executor.py") and kw["remote_rm_url"] is None
                for kw in created)
     assert all(kw["max_model_len"] == 128 and kw["shared_pg"] is None for kw in created)
+
+
+def test_engine_factory_forwards_upstreams_positional_call_unchanged(monkeypatch):
+    # upstream train() passes the first twelve arguments of create_vllm_engines positionally
+    args = SimpleNamespace(engine=SimpleNamespace(backend="vllm", hf_max_batch=8),
+                           classmate=SimpleNamespace(model_name_or_path=None, placement="separate"))
+    factory = EngineFactory(args)
+    seen = {}
+    monkeypatch.setattr(factory, "create", lambda **kw: seen.update(kw) or ["engine"])
+    pg = object()
+    out = factory.policy(2, 1, "policy", 42, False, True, False, 4096, pg, 0.6, True, "processed_logprobs",
+                         agent_func_path=None, remote_rm_url=["r.py"], max_images_per_prompt=0)
+    assert out == ["engine"] and factory.policy_pg is pg
+    assert seen == dict(num_engines=2, tensor_parallel_size=1, pretrain="policy", seed=42, full_determinism=False,
+                        enable_prefix_caching=True, enforce_eager=False, max_model_len=4096, shared_pg=pg,
+                        gpu_memory_utilization=0.6, vllm_enable_sleep=True, logprobs_mode="processed_logprobs",
+                        agent_func_path=None, remote_rm_url=["r.py"], max_images_per_prompt=0)

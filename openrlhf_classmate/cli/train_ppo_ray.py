@@ -91,10 +91,13 @@ class EngineFactory:
         return create_vllm_engines(*args, **kwargs)
 
     def policy(self, *args, **kwargs):
-        names = ("num_engines", "tensor_parallel_size", "pretrain", "seed", "full_determinism",
-                 "enable_prefix_caching", "enforce_eager", "max_model_len", "shared_pg")
-        bound = dict(zip(names, args))
-        bound.update(kwargs)
+        """Called by upstream ``train()`` with ``create_vllm_engines``'s arguments (partly positional)."""
+        import inspect
+
+        from openrlhf_classmate.integration.hf_engine import create_hf_engines
+
+        # create_hf_engines mirrors create_vllm_engines' parameters (tested in test_upstream_pins)
+        bound = inspect.signature(create_hf_engines).bind(*args, **kwargs).arguments
         if (classmate_enabled(self.args) and self.args.classmate.placement == "share"
                 and bound.get("shared_pg") is None and self.args.engine.backend != "hf"):
             import ray
