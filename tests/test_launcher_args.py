@@ -120,6 +120,7 @@ def test_missing_config_file_is_named():
         (CLASSMATE + ["--classmate.keep_min", "0.9", "--classmate.keep_max", "0.2"], "keep_min"),
         (CLASSMATE + ["--rollout.n_samples_per_prompt", "1"], "n_samples_per_prompt >= 2"),
         (CLASSMATE + ["--vllm.num_engines", "0"], "--vllm.num_engines >= 1"),
+        (CLASSMATE + ["--reward.model_name_or_path", "rm"], "--reward.model_name_or_path is not supported"),
     ],
 )
 def test_invalid_classmate_combinations_fail_up_front(extra, message):

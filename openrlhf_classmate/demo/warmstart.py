@@ -105,7 +105,8 @@ def train(model, examples: list[tuple[list[int], list[int]]], pad_id: int, steps
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        smooth = float(loss) if smooth is None else 0.95 * smooth + 0.05 * float(loss)
+        value = loss.item()
+        smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
         if (step + 1) % log_every == 0 or step + 1 == steps:
             log(f"    step {step + 1:5d}/{steps}  loss {smooth:.3f}  ({time.time() - start:.0f}s)")
     model.eval()

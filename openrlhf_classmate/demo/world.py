@@ -1,9 +1,9 @@
 """The demo's chain-of-thought world: multi-step arithmetic with running results.
 
-A problem is ``7 + 5 - 3 + 8 = ?`` (``NUM_OPERANDS`` one-digit operands, running results kept in
+A problem is ``4 + 5 - 3 + 5 = ?`` (``NUM_OPERANDS`` operands in ``1..MAX_OPERAND``, running results kept in
 ``0..MAX_RESULT``). A *legible* chain of thought restates the problem one step at a time with the running result::
 
-    <think> 7 + 5 = 12 - 3 = 9 + 8 = 17 </think> 17
+    <think> 4 + 5 = 9 - 3 = 6 + 5 = 11 </think> 11
 
 Every number is a single word-level token, so a whole response is under 20 tokens.
 
@@ -11,8 +11,8 @@ The main model is warm-started on *imperfect* traces, drawn from three styles:
 
 * ``full``: the whole chain, then the last running result as the answer (the style we want);
 * ``skip``: the chain stops one step early and the last step is done silently in the answer
-  (``<think> 7 + 5 = 12 - 3 = 9 </think> 17``): the main answer can be right, but a reader of the CoT cannot know it;
-* ``none``: no chain at all (``<think> </think> 17``), the answer is a noisy guess.
+  (``<think> 4 + 5 = 9 - 3 = 6 </think> 11``): the main answer can be right, but a reader of the CoT cannot know it;
+* ``none``: no chain at all (``<think> </think> 11``), the answer is a noisy guess.
 
 and every written step is wrong with a small probability (the chain then continues from the wrong value). RL has
 room on three axes: fewer arithmetic slips, fewer guesses, and (only the classmate reward cares) fewer silent steps.
@@ -29,8 +29,8 @@ import random
 from dataclasses import dataclass
 
 NUM_OPERANDS = 4
-MAX_OPERAND = int(os.environ.get("DEMO_MAX_OPERAND", 9))
-MAX_RESULT = int(os.environ.get("DEMO_MAX_RESULT", 30))
+MAX_OPERAND = 5
+MAX_RESULT = 20  # running results stay in 0..MAX_RESULT (about 3,000 distinct problems)
 MAX_WORD = MAX_RESULT + 4  # wrong steps can overshoot a little
 WORDS = [str(i) for i in range(MAX_WORD + 1)] + ["+", "-", "=", "?"]
 STYLES = ("full", "skip", "none")

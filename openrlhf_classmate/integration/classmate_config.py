@@ -236,6 +236,9 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _fail("classmate training supports the synchronous trainer only: drop --train.async_enable")
     if args.train.dynamic_batch_enable or args.ds.packing_samples:
         _fail("classmate training does not support --train.dynamic_batch_enable / --ds.packing_samples yet")
+    if args.reward.model_name_or_path:
+        _fail("classmate training needs the main rewards at rollout time, from a reward function or server "
+              "(--reward.remote_url, or none for the scorer registry); --reward.model_name_or_path is not supported")
     if args.algo.advantage.estimator == "gae":
         _fail("classmate estimators replace the critic-free upstream estimators; --algo.advantage.estimator gae "
               "is not supported with a classmate")
