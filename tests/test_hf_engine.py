@@ -115,3 +115,20 @@ def test_cot_prompt_logprobs_reads_vllm_format():
     lp = [None, {5: Logprob(-1.0)}, {6: Logprob(-2.0), 9: Logprob(-0.1)}, {7: Logprob(-3.0)}]
     assert cot_prompt_logprobs(lp, [4, 5, 6, 7], 1, 3) == [-1.0, -2.0, -3.0]
     assert cot_prompt_logprobs(None, [4, 5], 0, 2) == [-math.inf, -math.inf]
+
+
+def test_top_k_off_samples_from_the_whole_vocabulary(model_dir, monkeypatch):
+    # vLLM's top_k=-1 means no top-k; transformers would silently apply its default of 50 given None
+    engine = HFEngine(model=model_dir, seed=0)
+    seen = {}
+    real = engine.model.generate
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(engine.model, "generate", spy)
+    asyncio.run(engine.generate([3, 4], SamplingParams(temperature=1.0, top_k=-1, max_tokens=2)))
+    assert seen["top_k"] == 0
+    asyncio.run(engine.generate([3, 4], SamplingParams(temperature=1.0, top_k=5, max_tokens=2)))
+    assert seen["top_k"] == 5

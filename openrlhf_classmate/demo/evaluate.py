@@ -33,8 +33,8 @@ def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, sample: bool, batch_size: int = 256,
-             ) -> list[list[int]]:
+def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, sample: bool,
+             batch_size: int = 256) -> list[list[int]]:
     """Generated ids per prompt (EOS kept when produced, nothing after it)."""
     out: list[list[int]] = []
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -42,7 +42,8 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, sa
         chunk = prompts[start : start + batch_size]
         ids, attention = _left_pad(chunk, pad)
         gen = model.generate(input_ids=ids, attention_mask=attention, do_sample=sample,
-                             temperature=1.0 if sample else None, top_p=1.0 if sample else None, top_k=0 if sample else None,
+                             temperature=1.0 if sample else None, top_p=1.0 if sample else None,
+                             top_k=0 if sample else None,  # 0: no top-k (transformers would default to 50)
                              max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
         for row in gen[:, ids.shape[1] :].tolist():
             end = row.index(eos) + 1 if eos in row else len(row)
@@ -51,33 +52,30 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, sa
 
 
 def cot_style(problem: W.Problem, cot: str) -> str:
-    """full / skip / none / other, and whether the written chain is exactly the correct one."""
+    """Shape of a CoT, whatever its numbers: ``full`` (every step written as ``op d = r``), ``skip`` (all but the
+    last step), ``none`` (empty) or ``other``."""
     words = cot.split()
     if not words:
         return "none"
-    steps = len(problem.steps)
-    for kind, n in (("full", steps), ("skip", steps - 1)):
-        value, written = problem.first, []
-        for op, d in problem.steps[:n]:
-            value = W.apply(value, op, d)
-            written.append(value)
-        if len(words) == 1 + 4 * n:
-            shape = [str(problem.first)] + [w for (op, d) in problem.steps[:n] for w in (op, str(d), "=", "#")]
-            if all(s == "#" or s == w for s, w in zip(shape, words)):
-                return kind
+    for kind, n in (("full", len(problem.steps)), ("skip", len(problem.steps) - 1)):
+        shape = [str(problem.first)] + [w for op, d in problem.steps[:n] for w in (op, str(d), "=", None)]
+        if len(words) == len(shape) and all(s is None or s == w for s, w in zip(shape, words)):
+            return kind
     return "other"
 
 
-def chain_correct(problem: W.Problem, cot: str) -> bool:
-    return cot.split() == W.chain_text(problem, _true_chain(problem)).split()
-
-
-def _true_chain(problem: W.Problem) -> list[int]:
+def true_chain(problem: W.Problem) -> list[int]:
+    """The correct running results."""
     value, out = problem.first, []
     for op, d in problem.steps:
         value = W.apply(value, op, d)
         out.append(value)
     return out
+
+
+def chain_correct(problem: W.Problem, cot: str) -> bool:
+    """The CoT is the complete, correct chain."""
+    return cot.split() == W.chain_text(problem, true_chain(problem)).split()
 
 
 def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: list[W.Problem], samples: int,

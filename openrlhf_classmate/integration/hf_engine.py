@@ -168,7 +168,8 @@ class HFEngine:
             do_sample=not greedy,
             temperature=None if greedy else float(params.temperature),
             top_p=None if greedy else float(params.top_p),
-            top_k=None if greedy or params.top_k is None or params.top_k < 0 else int(params.top_k),
+            # vLLM's top_k <= 0 means "off"; transformers needs an explicit 0 (None falls back to its default 50)
+            top_k=None if greedy else max(int(params.top_k if params.top_k is not None else 0), 0),
             max_new_tokens=max_new,
             eos_token_id=eos_ids,
             pad_token_id=self.pad_token_id,

@@ -1,0 +1,5 @@
+import sys
+
+from openrlhf_classmate.demo.cli import main
+
+sys.exit(main())

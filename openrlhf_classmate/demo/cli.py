@@ -1,0 +1,262 @@
+"""``python -m openrlhf_classmate.demo``: the embedded CPU demo of classmate CoT training, end to end.
+
+Stages: build the arithmetic world (problems, tokenizer, two tiny models) -> warm-start both models with a plain
+supervised loop -> evaluate on held-out problems -> classmate GDPO through the real launcher (Ray, DeepSpeed, the
+policy and classmate engine groups) -> evaluate the checkpoints -> (``--compare-grpo``) the same with plain GRPO ->
+``metrics.jsonl``, ``curves.png``, ``summary.md``, ``summary.json`` and the evaluation details in ``--output-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+from openrlhf_classmate.demo.launch import RLConfig
+
+MAIN_SIZE = (64, 2)  # hidden size, layers (4 heads, MLP 4x): ~134k parameters
+CLASSMATE_SIZE = (32, 2)  # ~34k parameters
+
+
+@dataclass(frozen=True)
+class Settings:
+    num_train: int = 2500
+    num_eval: int = 200
+    eval_samples: int = 4
+    main_sft_steps: int = 1000
+    classmate_sft_steps: int = 500
+    sft_batch: int = 128
+    sft_lr: float = 1e-2
+    rl: RLConfig = RLConfig(steps=40, save_every=5)
+
+
+FULL = Settings()
+QUICK = Settings(num_eval=100, rl=RLConfig(steps=10, save_every=5))  # same world and warm-start, short RL
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m openrlhf_classmate.demo",
+        description="Embedded CPU demo: classmate CoT training on a tiny multi-step arithmetic world, through the "
+        "real launcher (Ray + DeepSpeed + HF engines). Writes metrics.jsonl, curves.png and summary.md.",
+    )
+    parser.add_argument("--output-dir", default="outputs/demo", help="where everything goes (default outputs/demo)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the world, the warm-start, RL and evaluation")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 40; --quick: 10)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="held-out evaluation of a checkpoint every N steps (default 5)")
+    parser.add_argument("--compare-grpo", action="store_true",
+                        help="also train plain GRPO (no classmate) from the same warm start and plot both")
+    parser.add_argument("--quick", action="store_true",
+                        help="shortened run (10 RL steps, 100 held-out problems), used by the tests")
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be >= 1")
+    if args.eval_every is not None and args.eval_every < 1:
+        parser.error("--eval-every must be >= 1")
+    return args
+
+
+class Progress:
+    def __init__(self, num_stages: int):
+        self.start = time.time()
+        self.num_stages = num_stages
+        self.stage = 0
+        self.timings: dict[str, float] = {}
+
+    def header(self, text: str) -> float:
+        self.stage += 1
+        print(f"\n[{self.stage}/{self.num_stages}] {text}  (t = {self.clock()})", flush=True)
+        return time.time()
+
+    def clock(self) -> str:
+        s = int(time.time() - self.start)
+        return f"{s // 60}:{s % 60:02d}"
+
+    def done(self, name: str, since: float) -> None:
+        self.timings[name] = time.time() - since
+
+    @staticmethod
+    def line(text: str) -> None:
+        print(f"    {text}", flush=True)
+
+
+def _clear_previous_run(out: str) -> None:
+    """Remove the artefacts a previous demo run left in ``out`` (and nothing else)."""
+    for name in ("metrics.jsonl", "curves.png", "summary.md", "summary.json"):
+        if os.path.isfile(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    for name in glob.glob(os.path.join(out, "eval_*.jsonl")):
+        os.remove(name)
+    for name in ("runs", "world"):
+        if os.path.isdir(os.path.join(out, name)):
+            shutil.rmtree(os.path.join(out, name))
+
+
+def _strip_rows(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k != "rows"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import torch  # the package import above has already installed the CPU shims
+    from transformers import AutoModelForCausalLM
+
+    from openrlhf_classmate.demo import evaluate as E
+    from openrlhf_classmate.demo import launch as L
+    from openrlhf_classmate.demo import models as M
+    from openrlhf_classmate.demo import report as R
+    from openrlhf_classmate.demo import warmstart as S
+    from openrlhf_classmate.demo import world as W
+
+    settings = QUICK if args.quick else FULL
+    rl = dataclasses.replace(settings.rl, steps=args.steps or settings.rl.steps,
+                             save_every=args.eval_every or settings.rl.save_every)
+    if rl.steps * rl.prompts_per_step > settings.num_train:
+        raise SystemExit(f"--steps {rl.steps} needs {rl.steps * rl.prompts_per_step} training prompts; the world has "
+                         f"{settings.num_train}")
+    out = os.path.abspath(args.output_dir)
+    os.makedirs(out, exist_ok=True)
+    _clear_previous_run(out)
+    runs = ["classmate"] + (["grpo"] if args.compare_grpo else [])
+    progress = Progress(num_stages=3 + 2 * len(runs) + 1)
+    print(f"Classmate CoT demo: seed {args.seed}, {rl.steps} RL steps, output {out}"
+          f"{' (quick mode)' if args.quick else ''}", flush=True)
+
+    # ── 1. the world ──
+    t = progress.header("Building the world: multi-step arithmetic, word-level tokenizer, two tiny models")
+    world_dir = os.path.join(out, "world")
+    train, held_out = W.make_splits(args.seed, settings.num_train, settings.num_eval)
+    prompts_path = W.write_prompts(os.path.join(world_dir, "train.jsonl"), train)
+    W.write_prompts(os.path.join(world_dir, "heldout.jsonl"), held_out)
+    main_model, main_tok = M.new_model(W.WORDS, M.ModelSize(*MAIN_SIZE), seed=args.seed)
+    cm_model, cm_tok = M.new_model(W.WORDS, M.ModelSize(*CLASSMATE_SIZE), seed=args.seed + 1)
+    rng = random.Random(args.seed)
+    main_data = S.main_examples(main_tok, train, rng, W.WorldConfig(), per_problem=4)
+    cm_data = S.classmate_examples(cm_tok, main_tok, train, rng, per_problem=3)
+    models_info = {"main_params": M.num_parameters(main_model), "classmate_params": M.num_parameters(cm_model),
+                   "vocab": len(main_tok), "main_size": MAIN_SIZE, "classmate_size": CLASSMATE_SIZE}
+    progress.line(f"{len(train)} training prompts, {len(held_out)} held-out problems, e.g. "
+                  f"'{held_out[0].text}' -> {held_out[0].answer}")
+    progress.line(f"main model {models_info['main_params']:,} params, classmate {models_info['classmate_params']:,} "
+                  f"params, vocabulary {models_info['vocab']} tokens")
+    example = W.response_text(W.chain_text(held_out[0], E.true_chain(held_out[0])), str(held_out[0].answer))
+    progress.line(f"a legible, correct CoT: {example}")
+    progress.done("build world", t)
+
+    # ── 2. warm-start ──
+    t = progress.header("Warm-start (plain supervised loop): main model on imperfect traces, classmate as a CoT reader")
+    progress.line(f"main: {settings.main_sft_steps} steps x {settings.sft_batch} traces "
+                  "(25% full chain, 35% last step done silently, 40% no CoT; 12% of steps wrong)")
+    S.train(main_model, main_data, main_tok.pad_token_id, settings.main_sft_steps, settings.sft_batch,
+            settings.sft_lr, args.seed, log=progress.line)
+    progress.line(f"classmate: {settings.classmate_sft_steps} steps x {settings.sft_batch} (CoT -> its last number)")
+    S.train(cm_model, cm_data, cm_tok.pad_token_id, settings.classmate_sft_steps, settings.sft_batch,
+            settings.sft_lr, args.seed + 1, log=progress.line)
+    policy_path = M.save_model(main_model, main_tok, os.path.join(world_dir, "main_warmstart"))
+    classmate_path = M.save_model(cm_model, cm_tok, os.path.join(world_dir, "classmate"))
+    progress.done("warm-start", t)
+
+    # ── 3. evaluation before RL ──
+    t = progress.header("Held-out evaluation before RL")
+
+    def evaluate(model) -> dict:
+        return E.evaluate(model, main_tok, cm_model, cm_tok, held_out, settings.eval_samples, seed=args.seed + 2)
+
+    before = evaluate(main_model)
+    E.write_rows(os.path.join(out, "eval_before.jsonl"), before)
+    progress.line(E.summary_line(before))
+    progress.done("eval before", t)
+    del main_model
+
+    # ── 4. RL runs ──
+    results: dict[str, dict] = {}
+    curves: dict[str, dict[int, dict]] = {}
+    metric_rows: list[dict] = []
+    for run in runs:
+        label = R.RUN_LABELS[run]
+        t = progress.header(f"RL with {label} through the launcher (Ray + DeepSpeed + HF engines on CPU)")
+        run_dir = os.path.join(out, "runs", run)
+        argv = L.launcher_argv(run_dir, policy_path, prompts_path, rl, args.seed,
+                               classmate_path if run == "classmate" else None)
+        parsed: dict[int, dict] = {}
+        progress.line("starting Ray, the DeepSpeed actor and the engine groups (about 30 s) ...")
+
+        def on_step(step: int, metrics: dict, elapsed: float, parsed=parsed, run=run) -> None:
+            parsed[step] = metrics
+            text = f"step {step:3d}/{rl.steps}  main reward {metrics.get('reward', float('nan')):.2f}"
+            if run == "classmate":
+                text += (f"  classmate reward {metrics.get('classmate/reward', float('nan')):.2f}"
+                         f"  CoT {metrics.get('classmate/cot_tokens', float('nan')):4.1f} tok")
+            else:
+                text += f"  response {metrics.get('response_length', float('nan')):4.1f} tok"
+            progress.line(f"{text}  ({elapsed:.0f}s)")
+
+        L.run_launcher(run_dir, argv, on_step)
+        progress.line(f"launcher log: {os.path.join(run_dir, 'launcher.log')}")
+        rows = R.step_rows(run, R.read_tensorboard(os.path.join(run_dir, "tensorboard")), parsed)
+        if len(rows) != rl.steps:
+            raise RuntimeError(f"{label}: expected {rl.steps} logged steps, found {len(rows)}")
+        metric_rows += rows
+        progress.done(f"RL {label}", t)
+
+        t = progress.header(f"Held-out evaluation of the {label} checkpoints")
+        curves[run] = {0: _strip_rows(before)}
+        final_path = os.path.join(run_dir, "final")
+        points = {s: p for s, p in L.checkpoints(run_dir).items() if s < rl.steps}
+        points[rl.steps] = final_path
+        for step in sorted(points):
+            model = AutoModelForCausalLM.from_pretrained(points[step], dtype=torch.float32)
+            result = evaluate(model)
+            curves[run][step] = _strip_rows(result)
+            progress.line(f"step {step:3d}: {E.summary_line(result)}")
+            if step == rl.steps:
+                results[run] = result
+                E.write_rows(os.path.join(out, f"eval_after_{run}.jsonl"), result)
+        progress.done(f"eval {label}", t)
+
+    # ── 5. report ──
+    t = progress.header("Writing metrics.jsonl, curves.png, summary.md")
+    R.write_metrics(os.path.join(out, "metrics.jsonl"), metric_rows)
+    summary = {
+        "seed": args.seed,
+        "quick": args.quick,
+        "rl": dataclasses.asdict(rl),
+        "world": {"num_operands": W.NUM_OPERANDS, "max_operand": W.MAX_OPERAND, "max_result": W.MAX_RESULT,
+                  "num_train": len(train), "num_eval": len(held_out), **dataclasses.asdict(W.WorldConfig())},
+        "models": models_info,
+        "eval": {"before": _strip_rows(before), **{run: _strip_rows(r) for run, r in results.items()}},
+        "curves": curves,
+        "timings": progress.timings,
+    }
+    title = (f"Classmate CoT demo (seed {args.seed}): held-out accuracy before -> after, classmate GDPO: main "
+             f"{100 * before['main_accuracy']:.0f}% -> {100 * results['classmate']['main_accuracy']:.0f}%, classmate "
+             f"{100 * before['classmate_accuracy']:.0f}% -> {100 * results['classmate']['classmate_accuracy']:.0f}%")
+    if "grpo" in results:
+        title += (f"; plain GRPO: main {100 * results['grpo']['main_accuracy']:.0f}%, classmate "
+                  f"{100 * results['grpo']['classmate_accuracy']:.0f}%")
+    R.plot(os.path.join(out, "curves.png"), metric_rows, curves, title)
+    progress.done("report", t)
+    progress.timings["total"] = time.time() - progress.start
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    markdown = R.summary_markdown(summary)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(markdown)
+
+    print("\n" + markdown, flush=True)
+    print(f"Done in {progress.clock()}. Artefacts in {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

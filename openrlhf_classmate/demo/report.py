@@ -1,0 +1,151 @@
+"""Artefacts of the demo: ``metrics.jsonl`` (from the runs' tensorboard events), ``curves.png`` and ``summary.md``."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+# metrics.jsonl field <- tensorboard tag (the launcher logs every step under train/)
+TAGS = {
+    "main_reward": "train/reward",
+    "classmate_reward": "train/classmate/reward",
+    "cot_tokens": "train/classmate/cot_tokens",
+    "response_length": "train/response_length",
+    "has_answer": "train/has_answer",
+    "classmate_valid": "train/classmate/valid",
+    "policy_loss": "train/policy_loss",
+    "actor_lr": "train/actor_lr",
+    "step_time_s": "train/timing/step_total",
+}
+RUN_LABELS = {"classmate": "classmate GDPO", "grpo": "plain GRPO"}
+COLORS = {"classmate": "tab:blue", "grpo": "tab:orange"}
+
+
+def read_tensorboard(tb_dir: str) -> dict[str, dict[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for path in sorted(glob.glob(os.path.join(tb_dir, "**", "events.out.tfevents.*"), recursive=True)):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: float(e.value) for e in acc.Scalars(tag)})
+    return out
+
+
+def step_rows(run: str, scalars: dict[str, dict[int, float]], fallback: dict[int, dict]) -> list[dict]:
+    """One row per step; the tensorboard events are the source, the parsed log lines a fallback."""
+    steps = sorted(set(scalars.get(TAGS["main_reward"], {})) or set(fallback))
+    rows = []
+    for step in steps:
+        row: dict = {"run": run, "step": step}
+        for name, tag in TAGS.items():
+            value = scalars.get(tag, {}).get(step)
+            if value is None:
+                value = fallback.get(step, {}).get(tag.removeprefix("train/"))
+            if value is not None:
+                row[name] = float(value)
+        rows.append(row)
+    return rows
+
+
+def write_metrics(path: str, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def plot(path: str, rows: list[dict], evals: dict[str, dict[int, dict]], title: str) -> None:
+    """Three panels over training steps: main reward, classmate reward, CoT length.
+
+    Lines: training rollouts (tensorboard); markers: held-out evaluation of the checkpoints (main accuracy,
+    classmate accuracy, CoT tokens). Plain GRPO has no classmate during training, so its classmate panel shows
+    only the held-out classmate accuracy (the classmate reading GRPO's CoTs after the fact)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("Main reward / accuracy", "main_reward", "main_accuracy", (0, 1.02)),
+        ("Classmate reward / accuracy", "classmate_reward", "classmate_accuracy", (0, 1.02)),
+        ("CoT length (tokens)", "cot_tokens", "cot_tokens", None),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    runs = [r for r in RUN_LABELS if any(row["run"] == r for row in rows) or r in evals]
+    for ax, (name, train_key, eval_key, ylim) in zip(axes, panels):
+        for run in runs:
+            color, label = COLORS[run], RUN_LABELS[run]
+            points = [(row["step"], row[train_key]) for row in rows if row["run"] == run and train_key in row]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, color=color, lw=1.4, alpha=0.85, label=f"{label}: training rollouts")
+            held = sorted((step, result[eval_key]) for step, result in evals.get(run, {}).items())
+            if held:
+                xs, ys = zip(*held)
+                ax.plot(xs, ys, color=color, lw=1.0, ls="--", marker="o", ms=5,
+                        label=f"{label}: held-out eval")
+        if "grpo" in runs and train_key != "main_reward":
+            name += "\n(plain GRPO has no classmate in training: held-out only)"
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("training step")
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=max(1, len(labels)), fontsize=9, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _delta(after: float, before: float) -> str:
+    return f"{100 * (after - before):+.1f} pts"
+
+
+def summary_markdown(summary: dict) -> str:
+    before = summary["eval"]["before"]
+    after = {run: summary["eval"][run] for run in ("classmate", "grpo") if run in summary["eval"]}
+    cols = ["before RL"] + [f"after {RUN_LABELS[r]}" for r in after]
+    lines = [
+        "# Classmate CoT demo: summary",
+        "",
+        f"Seed {summary['seed']}, {summary['rl']['steps']} RL steps of {summary['rl']['prompts_per_step']} prompts x "
+        f"{summary['rl']['samples_per_prompt']} samples{' (quick mode)' if summary['quick'] else ''}. Held-out: "
+        f"{before['num_problems']} problems x {before['samples_per_problem']} samples (temperature 1); the classmate "
+        "answers greedily from each sampled CoT.",
+        "",
+        "| held-out metric | " + " | ".join(cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    rows = [
+        ("main accuracy", "main_accuracy", True),
+        ("classmate accuracy", "classmate_accuracy", True),
+        ("complete, correct chain", "chain_correct", True),
+        ("CoT length (tokens)", "cot_tokens", False),
+    ]
+    for name, key, pct in rows:
+        cells = [_pct(before[key]) if pct else f"{before[key]:.1f}"]
+        for result in after.values():
+            cell = _pct(result[key]) if pct else f"{result[key]:.1f}"
+            if pct:
+                cell += f" ({_delta(result[key], before[key])})"
+            cells.append(cell)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| CoT styles full / skip-last / none / other | " + " | ".join(
+        " / ".join(f"{100 * r['styles'][k]:.0f}" for k in ("full", "skip", "none", "other")) + " %"
+        for r in [before, *after.values()]) + " |")
+    lines += ["", "| stage | wall time |", "|---|---|"]
+    for stage, seconds in summary["timings"].items():
+        lines.append(f"| {stage} | {seconds:.0f} s |")
+    lines += ["", f"Models: main {summary['models']['main_params']:,} parameters, classmate "
+              f"{summary['models']['classmate_params']:,} parameters, vocabulary {summary['models']['vocab']} tokens.",
+              "", "Files: `metrics.jsonl` (one line per run and step), `curves.png`, `eval_*.jsonl` (every held-out "
+              "sample), `summary.json`, `runs/*/launcher.log`.", ""]
+    return "\n".join(lines)
