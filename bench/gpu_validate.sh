@@ -8,7 +8,7 @@
 set -euo pipefail
 what="${1:-all}"
 wheels="${2:-}"
-export OUT="${OUT:-$PWD/gpu_out}" SITE="${SITE:-/root/site}"
+export OUT="${OUT:-$PWD/gpu_out}" SITE="${SITE:-$HOME/.cache/openrlhf_classmate/site}"
 mkdir -p "$OUT"
 if [ -n "$wheels" ] && [ ! -f "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$wheels"/*.whl
