@@ -1,9 +1,8 @@
-"""The demo's tiny models: Llama-architecture causal LMs with the demo's word-level tokenizer, saved as HF dirs.
+"""The demo's tiny models: ``testing.tiny_models`` Llama causal LMs with the demo's word-level tokenizer.
 
-Why Llama and not the Qwen2 of ``testing.tiny_models``: with transformers 5, ``AutoTokenizer`` maps the model type
-``qwen2`` to ``Qwen2Tokenizer`` whatever ``tokenizer_config.json`` says, and that class rebuilds a byte-level BPE
-from the vocabulary, so a reloaded word-level tokenizer splits ``14`` into ``1 4`` and drops the spaces when
-decoding. For model type ``llama`` the saved ``tokenizers`` pipeline is loaded as is (checked in ``save_model``).
+Llama because, with transformers 5, ``AutoTokenizer`` maps the model type ``qwen2`` to ``Qwen2Tokenizer`` whatever
+``tokenizer_config.json`` says, and that class rebuilds a byte-level BPE from the vocabulary (a reloaded word-level
+tokenizer would split ``14`` into ``1 4``); ``save_model`` checks that the saved tokenizer reloads identically.
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
-from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
+from openrlhf_classmate.testing.tiny_models import new_tiny_model
 
 
 @dataclass(frozen=True)
@@ -26,29 +23,8 @@ class ModelSize:
 
 def new_model(words: list[str], size: ModelSize, seed: int, max_positions: int = 128):
     """A randomly initialised model and its tokenizer (nothing saved)."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_word_tokenizer(words)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=size.hidden_size,
-        intermediate_size=size.intermediate_size or 4 * size.hidden_size,
-        num_hidden_layers=size.num_layers,
-        num_attention_heads=size.num_heads,
-        num_key_value_heads=size.num_heads,
-        head_dim=size.hidden_size // size.num_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id
-    )
-    return model, tokenizer
+    return new_tiny_model(words, size.hidden_size, size.num_layers, size.num_heads,
+                          size.intermediate_size or 4 * size.hidden_size, seed, max_positions)
 
 
 def save_model(model, tokenizer, path: str) -> str:

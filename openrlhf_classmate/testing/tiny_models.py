@@ -14,8 +14,7 @@ import torch
 from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
 
 
-def save_tiny_model(
-    path: str,
+def new_tiny_model(
     words: list[str],
     hidden_size: int = 32,
     num_layers: int = 2,
@@ -24,12 +23,15 @@ def save_tiny_model(
     seed: int = 0,
     max_position_embeddings: int = 512,
     chat_template: str | None = None,
-) -> str:
+):
+    """A randomly initialised Llama causal LM and its word-level tokenizer (nothing saved).
+
+    Llama, not Qwen2: transformers forces its Qwen2 (byte-level BPE) tokenizer class onto any qwen2 model directory,
+    which would silently re-tokenise our word-level vocabulary when the directory is reloaded.
+    """
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_word_tokenizer(words, chat_template=chat_template)
-    # Llama, not Qwen2: transformers forces its Qwen2 (byte-level BPE) tokenizer class onto any qwen2 model directory,
-    # which would silently re-tokenise our word-level vocabulary.
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -48,6 +50,23 @@ def save_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id
     )
+    return model, tokenizer
+
+
+def save_tiny_model(
+    path: str,
+    words: list[str],
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+    chat_template: str | None = None,
+) -> str:
+    """``new_tiny_model`` saved to ``path`` (model + tokenizer); returns ``path``."""
+    model, tokenizer = new_tiny_model(words, hidden_size, num_layers, num_heads, intermediate_size, seed,
+                                      max_position_embeddings, chat_template)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
