@@ -4,7 +4,8 @@
 # validate: the CPU end-to-end classmate run on the GPU (ZeRO-2 separated, ZeRO-3 gdpo; 3 steps; checkpoint, HF save,
 #           conversion); bench: bench/actor_update.py (0.5B actor update, stock vs classmate losses).
 # WHEEL_DIR (optional): wheels to install first into $SITE (the lent machine has no internet; see
-# ../shared/tools/device_wheels/README.md). Results go to $OUT (default ./gpu_out).
+# ../shared/tools/device_wheels/README.md). Results go to $OUT (default ./gpu_out); BENCH_ARGS are passed to
+# bench/actor_update.py (e.g. BENCH_ARGS="--repeats 16").
 set -euo pipefail
 what="${1:-all}"
 wheels="${2:-}"
@@ -33,6 +34,6 @@ if [ "$what" = validate ] || [ "$what" = all ]; then
   tail -4 "$OUT/validate.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 bench/actor_update.py --out "$OUT/actor_update.json" 2>&1 | tee "$OUT/bench.log" | grep -vE "Train epoch|it/s" || status=1
+  python3 bench/actor_update.py --out "$OUT/actor_update.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -vE "Train epoch|it/s" || status=1
 fi
 exit $status
