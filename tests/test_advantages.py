@@ -383,3 +383,16 @@ def test_bad_input_raises_naming_the_argument():
     call(classmate_rewards=nan_invalid, classmate_valid=torch.tensor([True, False, True, True]))
     out = call(group_index=torch.tensor([0, 0, 0, 1]), std_norm=False)
     assert (out["main_scalar"][3] == 0).item()
+
+
+def test_group_std_matches_the_worked_example_and_masks_invalid_entries():
+    from openrlhf_classmate.algo.advantages import group_std
+
+    rewards = torch.tensor([8.0, 3.0, 0.0, 5.0, 1.0, 1.0])
+    group = torch.tensor([0, 0, 0, 0, 1, 1])
+    assert group_std(rewards, group).tolist()[:4] == pytest.approx([3.366502] * 4, abs=1e-6)  # §12.2 main σ
+    assert group_std(rewards, group).tolist()[4:] == [0.0, 0.0]
+    valid = torch.tensor([True, True, False, False, True, False])
+    out = group_std(rewards, group, valid)
+    assert out.tolist()[:4] == pytest.approx([3.535534] * 4, abs=1e-6)  # std of [8, 3]
+    assert out.tolist()[4:] == [0.0, 0.0]  # one valid entry: no std

@@ -3,7 +3,13 @@
 No Ray, no DeepSpeed. ``losses`` imports openrlhf lazily (only when a loss is aggregated).
 """
 
-from openrlhf_classmate.algo.advantages import ESTIMATORS, TOKEN_MODES, compute_advantages, group_normalize
+from openrlhf_classmate.algo.advantages import (
+    ESTIMATORS,
+    TOKEN_MODES,
+    compute_advantages,
+    group_normalize,
+    group_std,
+)
 from openrlhf_classmate.algo.classmate_prompt import (
     PROMPT_MODES,
     ClassmateInput,
@@ -39,6 +45,7 @@ __all__ = [
     "compute_advantages",
     "cot_mask",
     "group_normalize",
+    "group_std",
     "think_token_ids",
     "truncate_cot",
 ]

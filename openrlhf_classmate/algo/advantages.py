@@ -60,6 +60,27 @@ def _check_group_sizes(inverse: torch.Tensor, num_groups: int, std_norm: bool) -
         )
 
 
+def _segment_stats(
+    values: torch.Tensor, inverse: torch.Tensor, num_groups: int, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per group over valid entries: (count [G], values - group mean [B] (0 where invalid), unbiased var [G])."""
+    values = torch.where(valid, values, 0.0)
+    zeros = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    n = zeros.index_add(0, inverse, valid.to(values.dtype))
+    mean = zeros.index_add(0, inverse, values) / n.clamp(min=1)
+    centred = torch.where(valid, values - mean.index_select(0, inverse), 0.0)
+    var = zeros.index_add(0, inverse, centred * centred) / (n - 1).clamp(min=1)
+    return n, centred, var
+
+
+def group_std(values: torch.Tensor, group_index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Unbiased std of ``values`` per group over valid entries, per sample [B] (0 for groups with < 2 valid)."""
+    inverse, num_groups = _group_ids(group_index)
+    ok = torch.ones_like(inverse, dtype=torch.bool) if valid is None else valid.bool()
+    n, _, var = _segment_stats(values.double(), inverse, num_groups, ok)
+    return torch.where(n >= 2, var.sqrt(), 0.0).index_select(0, inverse).to(_out_dtype(values))
+
+
 def _group_norm(
     values: torch.Tensor,
     inverse: torch.Tensor,
@@ -75,10 +96,7 @@ def _group_norm(
     def per_sample(per_group: torch.Tensor) -> torch.Tensor:
         return per_group.index_select(0, inverse)  # much cheaper than advanced indexing per_group[inverse]
 
-    n = zeros.index_add(0, inverse, valid.to(values.dtype))
-    mean = zeros.index_add(0, inverse, values) / n.clamp(min=1)
-    centred = torch.where(valid, values - per_sample(mean), 0.0)
-    var = zeros.index_add(0, inverse, centred * centred) / (n - 1).clamp(min=1)
+    n, centred, var = _segment_stats(values, inverse, num_groups, valid)
     # Exact zeros for constant groups (the floating-point mean may differ from the common value by an ulp).
     big = torch.finfo(values.dtype).max
     gmax = torch.full_like(zeros, -big).scatter_reduce(0, inverse, torch.where(valid, values, -big), "amax")

@@ -21,7 +21,7 @@ import ray
 import torch
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-from openrlhf_classmate.algo.advantages import compute_advantages
+from openrlhf_classmate.algo.advantages import compute_advantages, group_std
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss
 
 
@@ -39,18 +39,6 @@ def to_action_space(sample, per_response: torch.Tensor, fill) -> torch.Tensor:
     out = torch.full(action.shape, fill, dtype=per_response.dtype)
     out[action] = per_response
     return out
-
-
-def group_std(values: torch.Tensor, group: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Unbiased std of ``values`` per group over valid entries, broadcast back to the samples (0 if < 2 valid)."""
-    _, inverse = torch.unique(group, return_inverse=True)
-    v = valid.double()
-    count = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64).index_add_(0, inverse, v)
-    total = torch.zeros_like(count).index_add_(0, inverse, values.double() * v)
-    mean = total / count.clamp(min=1)
-    sq = torch.zeros_like(count).index_add_(0, inverse, (values.double() - mean[inverse]).pow(2) * v)
-    std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), torch.zeros_like(count))
-    return std[inverse].float()
 
 
 class ClassmateExperienceMaker(RemoteExperienceMaker):
