@@ -25,6 +25,8 @@ def reward_env(args) -> dict[str, str]:
     """Settings the engine-side reward function reads (it receives no ``args``)."""
     from transformers import AutoTokenizer
 
+    from openrlhf_classmate.integration.trainer import judge_config_from_args
+
     cfg = args.classmate
     tokenizer = AutoTokenizer.from_pretrained(args.actor.model_name_or_path, trust_remote_code=True)
     strip = [t for t in tokenizer.all_special_tokens if t not in (cfg.think_open, cfg.think_close)]
@@ -34,9 +36,10 @@ def reward_env(args) -> dict[str, str]:
         "OPENRLHF_CLASSMATE_STRIP_TOKENS": json.dumps(strip),
         "OPENRLHF_CLASSMATE_SCORER": cfg.scorer,
     }
-    if cfg.judge_base_url:
+    judge = judge_config_from_args(args)
+    if judge is not None:
         env["OPENRLHF_CLASSMATE_JUDGE"] = json.dumps(
-            {"base_url": cfg.judge_base_url, "model": cfg.judge_model or "", "api_key_env": cfg.judge_api_key_env}
+            {"base_url": judge.base_url, "model": judge.model, "api_key_env": judge.api_key_env}
         )
     return env
 
