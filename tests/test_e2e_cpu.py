@@ -90,7 +90,7 @@ def test_reference_reproduction_loss_under_zero3(tmp_path):
     no std norm, ZeRO-3 (the HF-engine weight sync gathers the partitioned parameters)."""
     world = build_world(str(tmp_path / "world"))
     extra = ["--classmate.loss", "vanilla_classmate", "--classmate.prompt_mode", "splice",
-             "--classmate.loss_agg_mode", "seq-mean-token-sum-norm", "--algo.advantage.no_std_norm"]
+             "--classmate.loss_agg_mode", "seq-mean-token-sum-norm", "--algo.advantage.estimator", "dr_grpo"]
     _launch(launcher_argv(world, zero_stage=3, extra=extra), str(tmp_path / "run.log"))
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
         assert json.load(f) == {"policy": [2], "classmate": [0]}

@@ -34,7 +34,7 @@ def reward_env(args) -> dict[str, str]:
         "OPENRLHF_CLASSMATE_THINK_CLOSE": cfg.think_close,
         "OPENRLHF_CLASSMATE_FINAL_ANSWER": cfg.final_answer,
         "OPENRLHF_CLASSMATE_STRIP_TOKENS": json.dumps(strip),
-        "OPENRLHF_CLASSMATE_SCORER": cfg.scorer,
+        "OPENRLHF_CLASSMATE_SCORER": cfg.main_scorer,
     }
     judge = judge_config_from_args(args)
     if judge is not None:
