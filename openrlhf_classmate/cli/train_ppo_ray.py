@@ -196,7 +196,15 @@ def main(argv: list[str] | None = None) -> None:
             patches.check_upstream()
         except patches.UpstreamChangedError as e:
             raise SystemExit(f"error: {e} (set OPENRLHF_CLASSMATE_ALLOW_UPSTREAM_CHANGES=1 to run anyway)") from None
-    run(args)
+    try:
+        run(args)
+    except Exception as e:  # noqa: BLE001 - only our own stop is turned into one line; anything else re-raises
+        from openrlhf_classmate.integration.trainer import TrainingStopped
+
+        cause = getattr(e, "cause", e)  # Ray wraps the controller's exception in a RayTaskError
+        if isinstance(cause, TrainingStopped):
+            raise SystemExit(str(cause)) from None
+        raise
 
 
 if __name__ == "__main__":

@@ -135,9 +135,11 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                 self._engines_call("sleep")
             stage_time = max(result.finished_at, t_forward) - t_start
             overlap = max(0.0, min(t_forward_end, result.finished_at) - t_forward)
-        out, cot = self._classmate_advantages(rollout_samples, experiences, main_valid, result)
+        out, cot, shaping = self._classmate_advantages(rollout_samples, experiences, main_valid, result)
         self._attach(experiences, out, cot, rollout_samples, result)
-        self._log_classmate(experiences, rollout_samples, out, cot, main_valid, result, stage_time, overlap)
+        shaping["penalty"] = shaping.pop("main_rewards") - raw_main.double()
+        self._log_classmate(experiences, rollout_samples, out, cot, main_valid, result, stage_time, overlap,
+                            shaping)
         self._log_main(experiences, main_valid)
         return experiences
 
@@ -173,6 +175,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
         cot = _pad_rows([to_action_space(s, c, False) for s, c in zip(samples, result.cot)], False)
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
+        shaping = {"main_rewards": upstream["main_rewards"], "kl_return": upstream["kl_return"],
+                   "response": action_masks}
         out = compute_advantages(
             cfg.estimator,
             upstream.pop("main_rewards"),
@@ -186,7 +190,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             weights=tuple(cfg.gdpo_weights),
             **upstream,
         )
-        return out, cot
+        return out, cot, shaping
 
     def _mask_invalid_main(self, samples, experiences, main_valid) -> None:
         """Plain runs: invalid main scores leave the group statistics and get zero advantage."""
@@ -241,7 +245,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             exp.info["main_valid"] = main_valid[index].float()
 
     def _log_classmate(self, experiences, samples, out, cot, main_valid, result, stage_time: float,
-                       overlap: float) -> None:
+                       overlap: float, shaping: dict) -> None:
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
         main_rewards = torch.zeros(len(samples))
         for exp in experiences:
@@ -260,6 +264,12 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                                 for lp, c in zip(result.classmate_log_probs, result.cot)])
             cot_logprob = _broadcast_valid_mean(torch.where(has, per_row, torch.zeros(())), has)
         separated = self.args.classmate.estimator in SEPARATED
+        # what upstream's reward shaping did to the main stream: length penalties (per response) and the KL return
+        # (per response token), so a user can see both options at work
+        penalty = float(shaping["penalty"][main_valid].mean()) if main_valid.any() else 0.0
+        kl_return = 0.0
+        if shaping["kl_return"] is not None:
+            kl_return = float(shaping["kl_return"][shaping["response"]].mean())
         for exp in experiences:
             index = torch.tensor(exp.index)
             b = len(exp.index)
@@ -281,5 +291,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             exp.info["classmate/cot_tokens"] = cot[index].sum(-1).float()
             exp.info["classmate/stage_time"] = torch.full((b,), stage_time)
             exp.info["classmate/stage_overlap_time"] = torch.full((b,), overlap)
+            exp.info["classmate/main_length_penalty"] = torch.full((b,), penalty)
+            exp.info["classmate/main_kl_return"] = torch.full((b,), kl_return)
             for key, value in result.metrics.items():
                 exp.info[key] = torch.full((b,), float(value))

@@ -16,6 +16,10 @@ from openrlhf_classmate.integration.experience_maker import ClassmateExperienceM
 logger = init_logger(__name__)
 
 
+class TrainingStopped(RuntimeError):
+    """The run cannot go on; the launcher prints the message as its one ``error:`` line."""
+
+
 def judge_config_from_args(args):
     cfg = args.classmate
     if not cfg.judge_base_url:
@@ -68,7 +72,7 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
-                raise RuntimeError(
+                raise TrainingStopped(
                     f"error: {e} in each of the first {self.invalid_steps} steps: no score has been valid yet "
                     "(judge or verifier down or misconfigured? see the reward function's log lines); "
                     "stopping (--classmate.stop_after_invalid_steps)") from None
