@@ -574,3 +574,27 @@ def test_classmate_answers_go_through_the_users_reward_function_by_default(world
     # an explicit --classmate.scorer overrides the reward path
     assert not isinstance(build_classmate_scorer(_args(world, "--reward.remote_url", str(path),
                                                        "--classmate.scorer", "exact_match")), RewardPathScorer)
+
+
+def test_reward_hooks_see_the_whole_batch_before_every_estimator(world, fake_ray):
+    """A group-level reward (DARLING, VR-CLI) replaces the main rewards before upstream's shaping and the
+    estimators; a sample it cannot score is invalid, and its metrics are logged."""
+    calls = []
+
+    def hook(maker, samples):
+        calls.append(len(samples))
+        for i, s in enumerate(samples):
+            s.rewards = torch.tensor([float(i % 4)])  # rewards 0, 1, 2, 3 in every group
+            s.info["reward"] = s.rewards.clone()
+        samples[3].info["main_valid"] = torch.tensor([0.0])
+        return {"hook/score_mean": 1.5}
+
+    args = _args(world, "--classmate.estimator", "separated", "--algo.advantage.estimator", "dr_grpo")
+    maker, _ = _maker(args, world.tok, fake_ray)
+    maker.reward_hooks = [hook]
+    out = maker.make_experience_batch(_rollout(world.tok))
+    assert calls == [12]
+    scalars = _scalars(out)
+    assert scalars[:4].tolist() == pytest.approx([-1.0, 0.0, 1.0, 0.0])  # row 3 invalid: mean of 0, 1, 2
+    assert scalars[4:8].tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
+    assert all(torch.all(e.info["hook/score_mean"] == 1.5) for e in out)

@@ -12,6 +12,10 @@ Per rollout batch (``make_experience_batch``):
    ``--algo.advantage.estimator``, ``--reward.clip_range``, the KL return and (reinforce_baseline) the whitening;
    then attach the per-token tensors (``ClassmateExperience`` fields) and log.
 
+Group-level reward hooks (``reward_hooks``: DARLING's diversity, VR-CLI's likelihood reward, ...) run first, on the
+whole rollout batch: each sets ``sample.rewards`` (and ``info["main_valid"]`` for samples it cannot score) in place
+and returns per-step metrics, so upstream's shaping, the classmate condition and every estimator see its rewards.
+
 Main scores the reward function marked invalid (``extra_logs["main_valid"] == 0``: judge down, unparsable rating)
 are masked out of the main statistics, in plain runs too; a batch with no valid main score raises
 :class:`AllScoresInvalidError` before any forward pass (the trainer skips the step).
@@ -24,6 +28,7 @@ classmate generation overlaps the forward passes, and the overlap is measured an
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import ray
 import torch
@@ -36,6 +41,15 @@ from openrlhf_classmate.integration.classmate_config import uses_separated_loss
 
 class AllScoresInvalidError(RuntimeError):
     """Every main score of the rollout batch is invalid: there is nothing to learn from this step."""
+
+
+class RewardHook(Protocol):
+    """A group-level main reward: sees the whole rollout batch (the n samples of a prompt are consecutive)."""
+
+    def __call__(self, maker: ClassmateExperienceMaker, rollout_samples: list) -> dict[str, float]:
+        """Set ``sample.rewards`` / ``sample.info["reward"]`` (and ``info["main_valid"] = 0`` where no score could
+        be computed) in place; return this step's metrics (logged under their names)."""
+        ...
 
 
 def _pad_rows(rows: list[torch.Tensor], fill) -> torch.Tensor:
@@ -70,8 +84,10 @@ def _broadcast_valid_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Te
 
 
 class ClassmateExperienceMaker(RemoteExperienceMaker):
-    def __init__(self, *args, classmate_stage=None, classmate_engines=None, colocated: bool = False, **kwargs):
+    def __init__(self, *args, classmate_stage=None, classmate_engines=None, colocated: bool = False,
+                 reward_hooks: list[RewardHook] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.reward_hooks = list(reward_hooks or [])
         self.stage = classmate_stage
         self.classmate_engines = list(classmate_engines or [])
         self.colocated = colocated
@@ -105,6 +121,9 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
         self.check_labels(rollout_samples)
+        hook_metrics: dict[str, float] = {}
+        for hook in self.reward_hooks:
+            hook_metrics.update(hook(self, rollout_samples))
         main_valid = main_validity(rollout_samples)
         if not main_valid.any():
             raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid")
@@ -112,7 +131,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             experiences = super().make_experience_batch(rollout_samples)
             if not main_valid.all():
                 self._mask_invalid_main(rollout_samples, experiences, main_valid)
-            self._log_main(experiences, main_valid)
+            self._log_main(experiences, main_valid, hook_metrics)
             return experiences
         raw_main = torch.cat([s.rewards.float() for s in rollout_samples])  # before shaping: the condition's input
         t_start = time.time()
@@ -140,7 +159,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         shaping["penalty"] = shaping.pop("main_rewards") - raw_main.double()
         self._log_classmate(experiences, rollout_samples, out, cot, main_valid, result, stage_time, overlap,
                             shaping)
-        self._log_main(experiences, main_valid)
+        self._log_main(experiences, main_valid, hook_metrics)
         return experiences
 
     # ── advantages ──
@@ -233,8 +252,9 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
 
     # ── logging ──
 
-    def _log_main(self, experiences, main_valid) -> None:
-        """``reward`` over valid main scores only (upstream logs the mean of ``info["reward"]``)."""
+    def _log_main(self, experiences, main_valid, step_metrics: dict[str, float] | None = None) -> None:
+        """``reward`` over valid main scores only (upstream logs the mean of ``info["reward"]``), plus per-step
+        metrics (broadcast to every sample, so upstream's sample-weighted mean is the value itself)."""
         rewards = torch.zeros(len(main_valid))
         for exp in experiences:
             rewards[torch.tensor(exp.index)] = exp.info["reward"].float()
@@ -243,6 +263,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             index = torch.tensor(exp.index)
             exp.info["reward"] = logged[index]
             exp.info["main_valid"] = main_valid[index].float()
+            for key, value in (step_metrics or {}).items():
+                exp.info[key] = torch.full((len(exp.index),), float(value))
 
     def _log_classmate(self, experiences, samples, out, cot, main_valid, result, stage_time: float,
                        overlap: float, shaping: dict) -> None:
