@@ -142,14 +142,14 @@ class EngineFactory:
 
 
 class TrainerFactory:
-    """Stands in for upstream ``PPOTrainer`` inside ``train()``: ``.remote(...)`` creates the classmate engine group
-    and the ``ClassmatePPOTrainer`` controller."""
+    """Stands in for upstream ``PPOTrainer`` (and ``PPOTrainerAsync``) inside ``train()``: ``.remote(...)`` creates
+    the classmate engine group and our controller (``integration.trainer.controller_class``)."""
 
     def __init__(self, args, engines: EngineFactory):
-        # imported here, before install_launcher rebinds upstream's PPOTrainer to this factory
-        from openrlhf_classmate.integration.trainer import ClassmatePPOTrainer
+        # imported here, before install_launcher rebinds upstream's trainer names to this factory
+        from openrlhf_classmate.integration.trainer import controller_class
 
-        self.trainer_cls = ClassmatePPOTrainer
+        self.trainer_cls = controller_class(args)
         self.args = args
         self.engines = engines
         self.handle = None
