@@ -54,7 +54,8 @@ class ClientError(Exception):
 
 class RequestGuard:
     """ASGI middleware: a POST must declare JSON (415 otherwise), and a body larger than ``limit`` bytes gets 413
-    before it is read in full."""
+    without being kept in memory. The rest of an oversized body is read and dropped first (up to 8 x ``limit``), so
+    that a client still sending it can read the answer instead of seeing a reset connection."""
 
     def __init__(self, app, limit: int):
         self.app = app
@@ -66,27 +67,42 @@ class RequestGuard:
         headers = dict(scope.get("headers", []))
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.limit:
-            return await self._reject(send)
+            return await self._reject(receive, send)
         ctype = headers.get(b"content-type", b"").decode("latin-1")
         if scope["method"] == "POST" and ctype.split(";")[0].strip().lower() != "application/json":
             return await _send_json(send, 415, {"error": f"Content-Type must be application/json, got {ctype!r}"})
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
+        # Read the body here (it is bounded), so that the app never sees an oversized one.
+        chunks, size, more = [], 0, True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.limit:
+                return await self._reject(receive if more else None, send)
+        body = b"".join(chunks)
+        delivered = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await self._reject(send)
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # http.disconnect, when it comes
 
-    async def _reject(self, send):
+        await self.app(scope, replay, send)
+
+    async def _reject(self, receive, send):
+        drained = 0
+        while receive is not None and drained <= 8 * self.limit:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
         await _send_json(send, 413, {"error": f"request body exceeds {self.limit} bytes (--max-request-mb)"})
 
 
@@ -95,10 +111,6 @@ async def _send_json(send, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def _validation_message(errors: list[dict[str, Any]]) -> str:

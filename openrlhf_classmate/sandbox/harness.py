@@ -4,8 +4,8 @@ The service passes this file's text with ``python -I -B -c``; the working direct
 ``.test`` (one assert statement, or any test code) and ``.nonce``. The harness reads and deletes ``.test`` and
 ``.nonce`` before the program runs (so the program cannot read the test from disk), runs the program and then the
 test in one namespace (``__name__ == "__main__"``, as if the test were appended to the program), and writes its
-verdict, tagged with the nonce, to file descriptor 3. The service only believes a tagged verdict from a process
-that then exited normally, so a program that exits early (``sys.exit(0)``, ``os._exit(0)``), kills itself or
+verdict, tagged with the nonce and its pid, to file descriptor 3. The service only believes a tagged verdict from
+the program's first process (not from processes it forked) that then exited normally, so a program that exits early (``sys.exit(0)``, ``os._exit(0)``), kills itself or
 prints a fake verdict does not pass. A program that deliberately digs the nonce out of the harness's memory can
 forge a verdict, as with any in-process harness; stdin/stdout tests (``/test_program_stdio``) are judged outside
 the sandbox and are not exposed to that.
@@ -35,7 +35,7 @@ def _harness():
             sys.stderr.flush()
         except Exception:  # noqa: BLE001, S110
             pass
-        out.write("\n" + tag + " " + json.dumps({"verdict": verdict, "detail": detail[:500]}) + "\n")
+        out.write("\n" + tag + " " + json.dumps({"verdict": verdict, "detail": detail[:500], "pid": os.getpid()}) + "\n")
         out.flush()
         os._exit(0 if verdict == "pass" else 1)  # no atexit hooks or lingering threads of the program
 

@@ -17,13 +17,13 @@ own session and init kills that process group (best effort: a program can leave 
 
 Spec fields: ``mode`` (root | userns | none), ``argv`` (the program's command line), ``files`` (name -> text,
 written into the working directory before the program starts), ``stdin`` (text), ``workdir`` (only for mode
-none: an existing directory; namespaced modes get a fresh tmpfs at /tmp), ``uid`` / ``gid`` (root mode: the
-unprivileged ids to run as), ``cgroups`` (cgroup directories to join), ``limits`` (``wall_s``, ``cpu_s``,
+none: an existing directory; namespaced modes get a fresh tmpfs at /tmp), ``uid`` / ``gid`` (a service running as
+root: the unprivileged ids to run the program as), ``cgroups`` (cgroup directories to join), ``limits`` (``wall_s``, ``cpu_s``,
 ``address_space_bytes``, ``processes``, ``file_size_bytes``, ``open_files``, ``tmpfs_bytes``, ``shm_bytes``),
 ``hide`` (directories covered by an empty read-only tmpfs), ``status_fd``, ``result_fd`` (the fd number the
 program gets for the test harness's verdict, or null).
 
-Status (one JSON line on ``status_fd``): ``exit_code`` or ``signal``, ``timed_out``, ``wall_s``, ``cpu_s``,
+Status (one JSON line on ``status_fd``): ``pid`` (the program's, as the program sees it), ``exit_code`` or ``signal``, ``timed_out``, ``wall_s``, ``cpu_s``,
 ``max_rss_kb``, ``result`` (what the program wrote on the result fd, at most 64 KiB), or ``setup_error``.
 """
 
@@ -196,7 +196,9 @@ def exec_program(spec: dict, workdir: str, stdin_fd: int, result_w) -> None:
             os.setuid(spec["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         os.chdir(workdir)
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
+        # MALLOC_ARENA_MAX: glibc reserves 64 MiB of address space per thread arena, which RLIMIT_AS would count
+        # as if it were used; two arenas keep threaded programs within a limit meant for real memory.
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2"}
         os.execve(spec["argv"][0], spec["argv"], env)
     except BaseException as e:  # noqa: BLE001
         try:
@@ -255,6 +257,7 @@ def run_init(spec: dict, alive_r: int, status_fd: int) -> None:
     except ChildProcessError:
         pass
     signal.setitimer(signal.ITIMER_REAL, 0)
+    status["pid"] = child
     status["wall_s"] = round(time.monotonic() - start, 4)
     status["timed_out"] = timed_out
     if wait_status is not None:

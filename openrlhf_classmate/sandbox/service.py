@@ -79,6 +79,7 @@ class RunOutcome:
     stdout: bytes = b""
     stderr: bytes = b""
     result: str | None = None
+    pid: int | None = None
     setup_error: str | None = None
 
 
@@ -120,6 +121,7 @@ class Isolation:
             "unprivileged_user": self.uid_base is not None or os.geteuid() != 0,
             "dedicated_uid_per_slot": self.uid_base is not None,
             "cgroups": f"v{self.cgroups.version}" if self.cgroups else None,
+            "cgroup_dirs": list(self.cgroups.parents) if self.cgroups else [],
             "rlimits": ["cpu", "address_space", "processes", "file_size", "open_files", "core"],
             "empty_environment": True,
             "python": self.python,
@@ -212,14 +214,17 @@ def _remove_stale_dirs(tmp: str) -> None:
 
 
 def _processes_of(uids) -> list[int]:
+    """Live processes (zombies excluded: they are dead, only not yet reaped) owned by any of ``uids``."""
     uids = set(uids)
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 if os.stat(f"/proc/{entry}").st_uid in uids:
-                    out.append(int(entry))
-            except OSError:
+                    with open(f"/proc/{entry}/stat") as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            out.append(int(entry))
+            except (OSError, IndexError):
                 pass
     return out
 
@@ -247,7 +252,7 @@ class Sandbox:
         os.chmod(self._base_dir, 0o711)
         root = os.geteuid() == 0
         if cfg.isolation == "auto":
-            modes = ["root", "userns", "none"] if root else ["userns", "none"]
+            modes = ["root", "none"] if root else ["userns", "none"]
         else:
             modes = [cfg.isolation]
         failures = []
@@ -276,6 +281,8 @@ class Sandbox:
         root = os.geteuid() == 0
         if mode == "root" and not root:
             raise SandboxError("needs the service to run as root")
+        if mode == "userns" and root:
+            raise SandboxError("is for services that do not run as root (as root, use isolation root)")
         uid_base = cfg.uid_base if root else None  # never run a program as root, in any mode
         if uid_base is not None:
             _check_uids(uid_base, cfg.max_concurrency)
@@ -305,7 +312,7 @@ class Sandbox:
                                    f"{outcome.stderr.decode(errors='replace')[-300:]}")
             facts = json.loads(outcome.stdout)
             problems = []
-            if facts["env"] != ["HOME", "LANG", "PATH"]:
+            if facts["env"] != ["HOME", "LANG", "MALLOC_ARENA_MAX", "PATH"]:
                 problems.append(f"environment {facts['env']}")
             if uid_base is not None and facts["uid"] != uid_base:
                 problems.append(f"uid {facts['uid']}, not {uid_base}")
@@ -404,13 +411,10 @@ class Sandbox:
         started = time.monotonic()
         try:
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-I", "-S", "-B", RUNNER_PATH, stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=(status_w,), env={},
-                    start_new_session=True)
+                proc, exited = await _spawn([sys.executable, "-I", "-S", "-B", RUNNER_PATH], pass_fds=(status_w,))
             finally:
                 os.close(status_w)
-            outcome = await self._supervise(proc, json.dumps(spec).encode(), time_limit)
+            outcome = await self._supervise(proc, exited, json.dumps(spec).encode(), time_limit)
             _read_status(status_r, outcome)
             if not outcome.wall_s:  # stopped by the service before init could report: time as seen from here
                 outcome.wall_s = round(time.monotonic() - started, 4)
@@ -426,7 +430,7 @@ class Sandbox:
             outcome.oom = True
         return outcome
 
-    async def _supervise(self, proc, spec: bytes, time_limit: float) -> RunOutcome:
+    async def _supervise(self, proc, exited: asyncio.Event, spec: bytes, time_limit: float) -> RunOutcome:
         """Feed the runner its spec, collect the capped outputs, stop it at the output cap or the backstop time."""
         cap = self.cfg.max_output_bytes
         outcome = RunOutcome()
@@ -445,7 +449,7 @@ class Sandbox:
                     over.set()
 
         pumps = [asyncio.ensure_future(pump(proc.stdout, "stdout")), asyncio.ensure_future(pump(proc.stderr, "stderr"))]
-        waiter = asyncio.ensure_future(proc.wait())
+        waiter = asyncio.ensure_future(exited.wait())
         over_waiter = asyncio.ensure_future(over.wait())
         try:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -461,11 +465,10 @@ class Sandbox:
                     outcome.timed_out = True  # the runner's own clock did not stop it: the service does
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()  # init dies with it (death signal), and with init its whole pid namespace
-                deadline = time.monotonic() + 5.0
-                while proc.returncode is None and time.monotonic() < deadline:
-                    await asyncio.sleep(0.005)
-            # the pipes close once the last process holding them is gone
-            await asyncio.wait(pumps, timeout=2.0)
+                await asyncio.wait({waiter}, timeout=5.0)
+            # The pipes close once the last process holding them is gone: at once with a pid namespace (init's
+            # exit waits for all of it); without one, a stray process may hold them until the slot is cleaned.
+            await asyncio.wait(pumps, timeout=0.5)
             if over.is_set():
                 outcome.output_limit = True
         finally:
@@ -498,6 +501,28 @@ class Sandbox:
         self.quarantined.append(slot)
 
 
+class _RunnerProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Signals the runner's exit as soon as it happens: asyncio's ``Process.wait()`` (3.11) also waits until every
+    pipe is closed, which a stray process of an unnamespaced run can delay indefinitely."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop):
+        super().__init__(limit=limit, loop=loop)
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
+async def _spawn(argv: list[str], pass_fds: tuple[int, ...]) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
+    loop = asyncio.get_running_loop()
+    pipe = asyncio.subprocess.PIPE
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _RunnerProtocol(limit=1 << 16, loop=loop), *argv, stdin=pipe, stdout=pipe, stderr=pipe,
+        pass_fds=pass_fds, env={}, start_new_session=True)
+    return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+
+
 def _read_status(fd: int, outcome: RunOutcome) -> None:
     os.set_blocking(fd, False)
     data = b""
@@ -517,6 +542,7 @@ def _read_status(fd: int, outcome: RunOutcome) -> None:
         outcome.wall_s = status.get("wall_s", outcome.wall_s)
         outcome.cpu_s = status.get("cpu_s")
         outcome.result = status.get("result")
+        outcome.pid = status.get("pid")
 
 
 # ── verdicts ──
@@ -532,10 +558,10 @@ def _limit_verdict(outcome: RunOutcome, time_limit: float) -> TestVerdict | None
     t = outcome.wall_s
     if outcome.output_limit:
         return TestVerdict(False, "output limit", "stdout or stderr exceeded the service's output cap", t)
+    if outcome.oom:  # before the timeout: a program whose worker was killed often waits for it until the end
+        return TestVerdict(False, "memory", "a process was killed at the memory limit", t)
     if outcome.timed_out:
         return TestVerdict(False, "timeout", f"wall-clock limit of {time_limit:g} s", t)
-    if outcome.oom:
-        return TestVerdict(False, "memory", "a process was killed at the memory limit", t)
     if outcome.signal in (signal.SIGXCPU, signal.SIGKILL) and (outcome.cpu_s or 0) >= max(1.0, time_limit) - 0.05:
         return TestVerdict(False, "timeout", f"CPU time limit of {time_limit:g} s", t)
     if _last_line(outcome.stderr).startswith("MemoryError"):
@@ -565,7 +591,9 @@ def assert_verdict(outcome: RunOutcome, nonce: str, time_limit: float) -> TestVe
     for line in (outcome.result or "").splitlines():
         if line.startswith(nonce + " "):
             with contextlib.suppress(ValueError):
-                found = json.loads(line[len(nonce) + 1:])
+                verdict = json.loads(line[len(nonce) + 1:])
+                if isinstance(verdict, dict) and verdict.get("pid") == outcome.pid:
+                    found = verdict  # the program's own process, not one it forked
     t = outcome.wall_s
     if found is None:
         return _ended(outcome, "before the test finished")
