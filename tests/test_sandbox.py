@@ -25,6 +25,7 @@ import pytest
 
 from openrlhf_classmate.sandbox import service as service_mod
 from openrlhf_classmate.sandbox.config import SandboxConfig
+from openrlhf_classmate.sandbox.launch import RUNNER_PATH
 from openrlhf_classmate.sandbox.service import normalise_output
 from openrlhf_classmate.sandbox.testing import REPO_ROOT, running_service, start_service, stop_service
 
@@ -65,14 +66,17 @@ def _children(pid: int) -> list[int]:
 
 
 def assert_host_clean(service) -> None:
-    """Nothing of any run is left: no process under the slot uids, none in the slot cgroups, no runner child of
-    the service, and the service's working directory is empty."""
+    """Nothing of any run is left: no process under the slot uids, none in the slot cgroups, no runner (child of
+    the service or of its zygote), and the service's working directory is empty."""
     health = service.health()
     iso = health["isolation"]
     deadline = time.monotonic() + 5
     while True:
+        children = _children(service.proc.pid)
+        zygotes = [pid for pid in children if b"--zygote" in open(f"/proc/{pid}/cmdline", "rb").read()]
         leftovers = {"uids": _live_processes(range(UID_BASE, UID_BASE + SLOTS)) if iso["dedicated_uid_per_slot"] else [],
-                     "children": _children(service.proc.pid), "cgroups": []}
+                     "runners": [c for pid in zygotes for c in _children(pid)] + [c for c in children if c not in zygotes],
+                     "cgroups": []}
         for d in iso["cgroup_dirs"]:
             for procs in glob.glob(os.path.join(d, "slot-*", "cgroup.procs")):
                 leftovers["cgroups"] += open(procs).read().split()
@@ -464,7 +468,9 @@ def test_shutdown_kills_running_programs_and_removes_everything():
     thread = threading.Thread(target=post, daemon=True)
     thread.start()
     time.sleep(1.5)
-    assert handle.health()["concurrency"]["running"] == 2
+    assert handle.health()["concurrency"]["running"] == 2 and handle.health()["launcher"] == "zygote"
+    (zygote,) = _children(handle.proc.pid)
+    assert len(_children(zygote)) == 2  # the two runners
     start = time.monotonic()
     status = stop_service(handle)
     assert time.monotonic() - start < 15 and status in (0, -signal.SIGTERM), handle.log()
@@ -473,6 +479,8 @@ def test_shutdown_kills_running_programs_and_removes_everything():
     for d in iso["cgroup_dirs"]:
         assert not os.path.exists(d), d
     assert glob.glob(os.path.join(tempfile.gettempdir(), f"openrlhf-sandbox-{handle.proc.pid}-*")) == []
+    time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{zygote}") or open(f"/proc/{zygote}/stat").read().split(")")[1].split()[0] == "Z"
     os.unlink(handle.log_path)
 
 
@@ -509,7 +517,10 @@ def test_a_uid_of_an_existing_account_is_refused():
 
 
 def test_isolation_none_says_it_is_degraded_and_still_limits():
-    with running_service("--isolation", "none", *FLAGS[:-4], "--uid-base", str(UID_BASE + 2 * SLOTS)) as handle:
+    # also the launcher without a zygote (a new runner interpreter per run)
+    with running_service("--isolation", "none", "--launcher", "direct", *FLAGS[:-4], "--uid-base",
+                         str(UID_BASE + 2 * SLOTS)) as handle:
+        assert handle.health()["launcher"] == "direct"
         iso = handle.health()["isolation"]
         assert iso["mode"] == "none" and not iso["network_namespace"] and not iso["pid_namespace"]
         assert any("no pid, network or mount namespace" in note for note in iso["degraded"])
@@ -537,7 +548,7 @@ def test_runner_userns_mode_for_an_unprivileged_service():
     work = tempfile.mkdtemp()
     try:
         os.chmod(work, 0o755)
-        shutil.copy(service_mod.RUNNER_PATH, work)
+        shutil.copy(RUNNER_PATH, work)
         program = ("import os, socket\nprint(os.getuid(), os.getpid())\nprint(sorted(l.split(':')[0].strip() for l in "
                    "open('/proc/net/dev').read().splitlines()[2:]))\nfor p in ['/x', '/var/tmp/x']:\n    try:\n"
                    "        open(p, 'w')\n        print('wrote', p)\n    except OSError:\n        print('blocked', p)\n"

@@ -164,7 +164,8 @@ def create_app(cfg: SandboxConfig, box: Sandbox) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         iso = box.isolation
-        return {"status": "ok", "isolation": iso.describe() if iso else None, "concurrency": box.stats(),
+        return {"status": "ok", "isolation": iso.describe() if iso else None, "launcher": box.launcher.name,
+                "concurrency": box.stats(),
                 "limits": _limits(cfg), "uptime_s": round(time.time() - box.started_at, 1)}
 
     @app.post("/test_program")

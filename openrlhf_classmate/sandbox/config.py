@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 ISOLATIONS = ("auto", "root", "userns", "none")
+LAUNCHERS = ("auto", "zygote", "direct")
 
 
 @dataclass
@@ -69,6 +70,11 @@ class SandboxConfig:
         metadata={"help": "Extra directories programs must not see (covered by an empty tmpfs), on top of the "
                           "defaults: /root, /home and the service's working directory", "nargs": "*"},
     )
+    launcher: str = field(
+        default="auto",
+        metadata={"help": "zygote: runners are forked from one pre-started process (fast; needs pidfds, Linux 5.3+); "
+                          "direct: a new interpreter per run; auto: zygote where it works", "choices": LAUNCHERS},
+    )
     grace_s: float = field(
         default=5.0,
         metadata={"help": "Seconds beyond a program's time limit after which the service itself kills the run "
@@ -78,6 +84,8 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
         positive = {
             "max_concurrency": self.max_concurrency, "max_queue": self.max_queue, "memory_mb": self.memory_mb,
             "max_processes": self.max_processes, "file_size_mb": self.file_size_mb, "disk_mb": self.disk_mb,

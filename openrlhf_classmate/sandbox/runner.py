@@ -305,8 +305,15 @@ def _write_id_maps(uid: int, gid: int) -> None:
         f.write(f"{gid} {gid} 1")
 
 
-def main() -> None:
-    spec = json.loads(sys.stdin.buffer.read())
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def run(spec: dict) -> int:
+    """One run, from this process (the outer runner): returns its exit status."""
     status_fd = spec["status_fd"]
     mode = spec["mode"]
     try:
@@ -327,7 +334,7 @@ def main() -> None:
                 _write_id_maps(uid, gid)
     except (OSError, SetupError) as e:
         _report(status_fd, {"setup_error": f"{type(e).__name__}: {e}"})
-        sys.exit(70)
+        return 70
     alive_r, alive_w = os.pipe()  # held open by this process for its whole life: init sees EOF once it is gone
     pid = os.fork()
     if pid == 0:
@@ -335,15 +342,68 @@ def main() -> None:
         run_init(spec, alive_r, status_fd)
     os.close(alive_r)
     os.close(status_fd)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        _, st = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 0
+    return os.waitstatus_to_exitcode(st) if st else 0
+
+
+def zygote(control_fd: int) -> None:
+    """Serve runs without starting an interpreter for each: the service sends, over the Unix socket
+    ``control_fd``, a short message with four descriptors (spec pipe, stdout, stderr, status pipe); the zygote forks
+    a runner for them (which reads its spec and proceeds as ``main`` would) and answers with the runner's pid and a
+    pidfd for it, through which the service waits for it and kills it. Ends when the service closes the socket or
+    dies (the zygote dies with it)."""
+    import socket
+
+    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")  # (a dead service: socket EOF)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners are reaped by the kernel; the service holds pidfds
+    sock = socket.socket(fileno=control_fd)
     while True:
         try:
-            _, st = os.waitpid(pid, 0)
+            data, fds, _, _ = socket.recv_fds(sock, 64, 4)
+        except OSError:
             break
-        except ChildProcessError:
-            st = 0
-            break
-    sys.exit(os.waitstatus_to_exitcode(st) if st else 0)
+        if not data:
+            break  # the service closed the socket
+        if len(fds) != 4 or min(fds) < 3:  # 0-2 are taken, so the dup2s below use each fd before replacing it
+            for fd in fds:
+                os.close(fd)
+            sock.sendall(b"error: expected 4 descriptors\n")
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 71
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the runner waits for its init
+                sock.close()
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                os.closerange(4, MAX_FD)
+                os.setsid()
+                spec = json.loads(_read_all(0))
+                spec["status_fd"] = 3
+                code = run(spec)
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            sock.sendall(b"error: pidfd_open failed\n")
+            continue
+        socket.send_fds(sock, [f"{pid}\n".encode()], [pidfd])
+        os.close(pidfd)
+    os._exit(0)
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--zygote":
+        zygote(int(sys.argv[2]))
+    spec = json.loads(_read_all(0))
+    sys.exit(run(spec))
 
 
 if __name__ == "__main__":

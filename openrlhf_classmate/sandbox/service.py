@@ -26,11 +26,11 @@ from typing import Any
 
 from openrlhf_classmate.sandbox.cgroups import CgroupUnavailable, SlotCgroups
 from openrlhf_classmate.sandbox.config import SandboxConfig
+from openrlhf_classmate.sandbox.launch import DirectLauncher, Launched, LaunchError, ZygoteLauncher
 
 logger = logging.getLogger("openrlhf_classmate.sandbox")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RUNNER_PATH = os.path.join(HERE, "runner.py")
 with open(os.path.join(HERE, "harness.py"), encoding="utf-8") as _f:
     HARNESS_SOURCE = _f.read()
 RESULT_FD = 3
@@ -235,6 +235,8 @@ class Sandbox:
     def __init__(self, cfg: SandboxConfig):
         self.cfg = cfg
         self.isolation: Isolation | None = None
+        self.launcher: ZygoteLauncher | DirectLauncher | None = None
+        self.launcher_note: str | None = None
         self._free: asyncio.Queue[int] | None = None
         self._base_dir: str | None = None
         self.running = 0
@@ -255,6 +257,16 @@ class Sandbox:
             modes = ["root", "none"] if root else ["userns", "none"]
         else:
             modes = [cfg.isolation]
+        self.launcher, self.launcher_note = ZygoteLauncher(), None
+        if cfg.launcher != "direct":
+            try:
+                self.launcher.start()
+            except (LaunchError, OSError) as e:
+                if cfg.launcher == "zygote":
+                    raise SandboxError(f"cannot start the zygote: {e}") from None
+                self.launcher_note = f"runners start as new interpreters (no zygote: {e}): about 30 ms more per run"
+        if cfg.launcher == "direct" or self.launcher_note:
+            self.launcher = DirectLauncher()
         failures = []
         for mode in modes:
             try:
@@ -265,7 +277,10 @@ class Sandbox:
                 logger.warning("sandbox isolation %s unavailable: %s", mode, e)
         if self.isolation is None:
             shutil.rmtree(self._base_dir, ignore_errors=True)
+            self.launcher.stop()
             raise SandboxError("no isolation mode works here: " + "; ".join(failures))
+        if self.launcher_note:
+            self.isolation.degraded.append(self.launcher_note)
         self.isolation.degraded[:0] = [f"isolation {f}" for f in failures]
         if self.isolation.mode == "none":
             self.isolation.degraded.append(
@@ -335,6 +350,8 @@ class Sandbox:
 
     async def stop(self) -> None:
         """Kill what is left, remove the cgroups and the working directories. Idempotent."""
+        if self.launcher is not None:
+            self.launcher.stop()
         if self.isolation and self.isolation.cgroups:
             self.isolation.cgroups.remove()
             self.isolation.cgroups = None
@@ -407,22 +424,25 @@ class Sandbox:
         }
         oom_before = iso.cgroups.oom_kills(slot) if iso.cgroups else 0
         outcome = RunOutcome()
-        proc = None
+        launched = None
         started = time.monotonic()
         try:
             try:
-                proc, exited = await _spawn([sys.executable, "-I", "-S", "-B", RUNNER_PATH], pass_fds=(status_w,))
+                launched, _ = await self.launcher.launch(status_w)
+            except LaunchError as e:
+                raise SandboxError(f"could not start a runner: {e}") from None
             finally:
                 os.close(status_w)
-            outcome = await self._supervise(proc, exited, json.dumps(spec).encode(), time_limit)
+            outcome = await self._supervise(launched, json.dumps(spec).encode(), time_limit)
             _read_status(status_r, outcome)
             if not outcome.wall_s:  # stopped by the service before init could report: time as seen from here
                 outcome.wall_s = round(time.monotonic() - started, 4)
         finally:
             os.close(status_r)
-            if proc is not None and proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+            if launched is not None:
+                if not launched.exited.is_set():
+                    launched.kill()
+                launched.close()
             await self._clean_slot(slot, uid)
             if workdir:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -430,7 +450,7 @@ class Sandbox:
             outcome.oom = True
         return outcome
 
-    async def _supervise(self, proc, exited: asyncio.Event, spec: bytes, time_limit: float) -> RunOutcome:
+    async def _supervise(self, launched: Launched, spec: bytes, time_limit: float) -> RunOutcome:
         """Feed the runner its spec, collect the capped outputs, stop it at the output cap or the backstop time."""
         cap = self.cfg.max_output_bytes
         outcome = RunOutcome()
@@ -438,8 +458,7 @@ class Sandbox:
         buffers: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
 
         async def pump(stream, name):
-            # Read to the end even past the cap (discarding): asyncio (3.11) only reports the process as finished
-            # once its pipes are closed, and a paused reader never sees the end of a pipe.
+            # Read to the end even past the cap (discarding): a reader that stops reading never sees the end.
             buf = buffers[name]
             while chunk := await stream.read(65536):
                 room = cap - len(buf)
@@ -448,14 +467,12 @@ class Sandbox:
                 if len(chunk) > room:
                     over.set()
 
-        pumps = [asyncio.ensure_future(pump(proc.stdout, "stdout")), asyncio.ensure_future(pump(proc.stderr, "stderr"))]
-        waiter = asyncio.ensure_future(exited.wait())
+        pumps = [asyncio.ensure_future(pump(launched.stdout, "stdout")),
+                 asyncio.ensure_future(pump(launched.stderr, "stderr"))]
+        waiter = asyncio.ensure_future(launched.exited.wait())
         over_waiter = asyncio.ensure_future(over.wait())
         try:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(spec)
-                await proc.stdin.drain()
-                proc.stdin.close()
+            await launched.send_spec(spec)
             done, _ = await asyncio.wait({waiter, over_waiter}, timeout=time_limit + self.cfg.grace_s,
                                          return_when=asyncio.FIRST_COMPLETED)
             if waiter not in done:
@@ -463,8 +480,7 @@ class Sandbox:
                     outcome.output_limit = True
                 else:
                     outcome.timed_out = True  # the runner's own clock did not stop it: the service does
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()  # init dies with it (death signal), and with init its whole pid namespace
+                launched.kill()  # init dies with it (death signal), and with init its whole pid namespace
                 await asyncio.wait({waiter}, timeout=5.0)
             # The pipes close once the last process holding them is gone: at once with a pid namespace (init's
             # exit waits for all of it); without one, a stray process may hold them until the slot is cleaned.
@@ -475,9 +491,6 @@ class Sandbox:
             for task in (*pumps, waiter, over_waiter):
                 if not task.done():
                     task.cancel()
-            transport = getattr(proc, "_transport", None)
-            if transport is not None:
-                transport.close()  # releases the pipes even if a stray process still holds their other ends
         outcome.stdout, outcome.stderr = bytes(buffers["stdout"]), bytes(buffers["stderr"])
         return outcome
 
@@ -499,28 +512,6 @@ class Sandbox:
             await asyncio.sleep(0.01)
         logger.error("slot %d: processes %s survived SIGKILL for 10 s; the slot is taken out of service", slot, left)
         self.quarantined.append(slot)
-
-
-class _RunnerProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """Signals the runner's exit as soon as it happens: asyncio's ``Process.wait()`` (3.11) also waits until every
-    pipe is closed, which a stray process of an unnamespaced run can delay indefinitely."""
-
-    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop):
-        super().__init__(limit=limit, loop=loop)
-        self.exited = asyncio.Event()
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        self.exited.set()
-
-
-async def _spawn(argv: list[str], pass_fds: tuple[int, ...]) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
-    loop = asyncio.get_running_loop()
-    pipe = asyncio.subprocess.PIPE
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _RunnerProtocol(limit=1 << 16, loop=loop), *argv, stdin=pipe, stdout=pipe, stderr=pipe,
-        pass_fds=pass_fds, env={}, start_new_session=True)
-    return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
 
 
 def _read_status(fd: int, outcome: RunOutcome) -> None:
