@@ -1,8 +1,9 @@
 """Launch one untrusted program in its own namespaces, under its limits; report how it ended.
 
 Run by the sandbox service, never imported by it: ``python -I -S -B runner.py`` with a JSON spec on stdin and a
-status pipe on the file descriptor the spec names. Standard library only, and Python 3.10 compatible, because it
-runs before anything else is trusted and must start fast.
+status pipe on the file descriptor the spec names, or (the default) forked per run from one ``runner.py --zygote FD``
+process that has already started and imported everything (see ``zygote``). Standard library only, and Python 3.10
+compatible, because it runs before anything else is trusted and must start fast.
 
 Process tree (isolation ``root`` or ``userns``)::
 
