@@ -484,6 +484,38 @@ def test_shutdown_kills_running_programs_and_removes_everything():
     os.unlink(handle.log_path)
 
 
+def test_a_killed_service_takes_its_runs_with_it_and_the_next_start_cleans_up():
+    flags = [*FLAGS[:-4], "--uid-base", str(UID_BASE + 3 * SLOTS)]
+    handle = start_service(*flags)
+    iso = handle.health()["isolation"]
+
+    def post():
+        try:
+            handle.post("/test_program", {"program": "import os, time\nos.fork()\ntime.sleep(60)",
+                                          "tests": ["assert True"] * 2, "max_execution_time": 20}, timeout=60)
+        except OSError:
+            pass
+
+    threading.Thread(target=post, daemon=True).start()
+    time.sleep(1.5)
+    assert handle.health()["concurrency"]["running"] == 2
+    (zygote,) = _children(handle.proc.pid)
+    os.kill(handle.proc.pid, signal.SIGKILL)  # no cleanup code of the service runs
+    handle.proc.wait()
+    uids = range(UID_BASE + 3 * SLOTS, UID_BASE + 4 * SLOTS)
+    deadline = time.monotonic() + 5
+    while (_live_processes(uids) or os.path.exists(f"/proc/{zygote}")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if iso["dedicated_uid_per_slot"]:
+        assert _live_processes(uids) == []  # the programs and the processes they forked
+    assert not os.path.exists(f"/proc/{zygote}") or open(f"/proc/{zygote}/stat").read().split(")")[1].split()[0] == "Z"
+    stale = glob.glob(os.path.join(tempfile.gettempdir(), f"openrlhf-sandbox-{handle.proc.pid}-*"))
+    assert stale and all(os.path.exists(d) for d in iso["cgroup_dirs"])  # left behind by the killed service
+    with running_service(*flags):
+        assert not any(os.path.exists(p) for p in stale + iso["cgroup_dirs"])
+    os.unlink(handle.log_path)
+
+
 def _start_fails(*flags: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.sandbox", "--port", "0", *flags],
                           capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,

@@ -7,14 +7,16 @@ compatible, because it runs before anything else is trusted and must start fast.
 
 Process tree (isolation ``root`` or ``userns``)::
 
-    runner (outer, the service's child)      joins the slot's cgroups, unshares the namespaces, waits for init
-      └─ init (pid 1 of a new pid namespace) mounts, then forks the program and waits for it (wall-clock limit)
-           └─ program                        rlimits, unprivileged uid, no_new_privs, empty environment, exec
+    runner (child of the zygote or the service)  joins the slot's cgroups, unshares the namespaces (pid, mount,
+      │                                          network, IPC, UTS, cgroup), waits for init
+      └─ init (pid 1 of the new pid namespace)   mounts, forks the program, waits for it (wall-clock limit)
+           └─ program                            rlimits, unprivileged uid, no_new_privs, fixed environment, exec
 
 When init exits, the kernel kills every other process of its pid namespace and waits for them, so nothing the
-program started survives it; init dies with the outer runner (PR_SET_PDEATHSIG), so killing the runner (the
-service's timeout or output cap) ends everything too. Isolation ``none`` skips the namespaces: the program gets its
-own session and init kills that process group (best effort: a program can leave its session).
+program started survives it; init dies with the runner and the runner with its parent (PR_SET_PDEATHSIG), so
+killing the runner (the service's timeout or output cap), or the service itself, ends everything too. Isolation
+``none`` skips the namespaces: the program gets its own session and init kills that process group (best effort: a
+program can leave its session; a service running as root also kills whatever its slot's uid still runs).
 
 Spec fields: ``mode`` (root | userns | none), ``argv`` (the program's command line), ``files`` (name -> text,
 written into the working directory before the program starts), ``stdin`` (text), ``workdir`` (only for mode
@@ -38,6 +40,7 @@ import sys
 import time
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -318,6 +321,9 @@ def run(spec: dict) -> int:
     status_fd = spec["status_fd"]
     mode = spec["mode"]
     try:
+        # Die with the parent (the zygote, or the service itself): a service killed outright takes every run down
+        # with it, down to the program (init dies with this process, and the pid namespace with init).
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         # A service running as root gives each slot its own uid, so RLIMIT_NPROC counts this program alone.
         # Otherwise the program runs as the service's user: allow for the processes that user already runs
         # (counted here, while this process still sees the host's /proc).
@@ -326,7 +332,8 @@ def run(spec: dict) -> int:
             with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         if mode != "none":
-            flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+            # (after joining the cgroups: the new cgroup namespace is rooted at the slot's group)
+            flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
             uid, gid = os.getuid(), os.getgid()
             if mode == "userns":
                 flags |= CLONE_NEWUSER
