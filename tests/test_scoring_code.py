@@ -155,3 +155,13 @@ def test_engine_reward_function_reports_validity(service, monkeypatch):
     monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", f"http://127.0.0.1:{free_port()}")
     out = reward_func([prompt + response], [prompt], [label])
     assert out["rewards"] == 0.0 and out["extra_logs"]["main_valid"] == 0.0  # masked as invalid, not a real 0
+
+
+def test_the_launcher_checks_the_sandbox_environment_before_starting(monkeypatch):
+    from openrlhf_classmate.cli.train_ppo_ray import check_scorer_environment
+    from openrlhf_classmate.integration.args import ConfigError
+
+    check_scorer_environment()  # nothing set: defaults
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", "127.0.0.1:8001")
+    with pytest.raises(ConfigError, match=r"sandbox url must be http\(s\)://HOST:PORT, got '127.0.0.1:8001'"):
+        check_scorer_environment()
