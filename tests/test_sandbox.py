@@ -323,6 +323,17 @@ def test_started_processes_do_not_outlive_the_program(service):
     assert_host_clean(service)
 
 
+def test_a_zygote_killed_from_outside_is_replaced(service):
+    (zygote,) = [pid for pid in _children(service.proc.pid)
+                 if b"--zygote" in open(f"/proc/{pid}/cmdline", "rb").read()]
+    os.kill(zygote, signal.SIGKILL)
+    time.sleep(0.2)
+    reply = run_assert(service, "def f():\n    return 1", "assert f() == 1")
+    assert reply["pass_fraction"] == 1.0
+    assert service.health()["concurrency"]["launcher_restarts"] == 1
+    assert_host_clean(service)
+
+
 # ── malformed requests: a clear 4xx, never a 500 ──
 
 

@@ -78,6 +78,8 @@ class ZygoteLauncher:
     name = "zygote"
 
     def __init__(self) -> None:
+        self.restarts = 0
+        self.closed = False
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self._lock = asyncio.Lock()
@@ -96,6 +98,10 @@ class ZygoteLauncher:
         self.sock = ours
 
     def stop(self) -> None:
+        self.closed = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
         if self.sock is not None:
             self.sock.close()  # the zygote reads end-of-file and exits
             self.sock = None
@@ -110,8 +116,14 @@ class ZygoteLauncher:
     async def launch(self, status_w: int) -> tuple[Launched, int]:
         """Returns the handle and the status fd number the runner sees."""
         loop = asyncio.get_running_loop()
-        if self.sock is None or self.proc is None or self.proc.poll() is not None:
-            raise LaunchError("the zygote process is not running")
+        if self.closed:
+            raise LaunchError("the service is stopping")
+        if self.proc is None or self.proc.poll() is not None:
+            async with self._lock:  # killed from outside: start a new one
+                if self.proc is None or self.proc.poll() is not None:
+                    self._shutdown()
+                    self.start()
+                    self.restarts += 1
         spec_r, spec_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -162,6 +174,7 @@ class DirectLauncher:
     """A new runner interpreter per run (about 30 ms more CPU per run than the zygote)."""
 
     name = "direct"
+    restarts = 0
 
     def start(self) -> None:
         pass

@@ -154,6 +154,14 @@ def write_files(workdir: str, files: dict, uid, gid) -> None:
             os.chown(path, uid, gid)
 
 
+def _set_oom_score_adj(value: int) -> None:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+    except OSError:
+        pass
+
+
 def set_limits(limits: dict, extra_processes: int) -> None:
     cpu = max(1, int(limits["cpu_s"] + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -194,6 +202,7 @@ def exec_program(spec: dict, workdir: str, stdin_fd: int, result_w) -> None:
         else:
             os.closerange(3, MAX_FD)
         set_limits(spec["limits"], spec.get("extra_processes", 0))
+        _set_oom_score_adj(0)
         if spec.get("uid") is not None:
             os.setgroups([])
             os.setgid(spec["gid"])
@@ -324,6 +333,9 @@ def run(spec: dict) -> int:
         # Die with the parent (the zygote, or the service itself): a service killed outright takes every run down
         # with it, down to the program (init dies with this process, and the pid namespace with init).
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+        # The OOM killer must pick the program, never this process or init (they hold the verdict); init inherits
+        # this, the program is set back to 0 before it starts. Lowering needs root: elsewhere it stays as it is.
+        _set_oom_score_adj(-1000)
         # A service running as root gives each slot its own uid, so RLIMIT_NPROC counts this program alone.
         # Otherwise the program runs as the service's user: allow for the processes that user already runs
         # (counted here, while this process still sees the host's /proc).

@@ -81,6 +81,8 @@ class RunOutcome:
     result: str | None = None
     pid: int | None = None
     setup_error: str | None = None
+    reported: bool = False
+    """True once init's status line arrived."""
 
 
 @dataclass
@@ -362,7 +364,8 @@ class Sandbox:
     def stats(self) -> dict[str, Any]:
         return {"limit": self.cfg.max_concurrency, "running": self.running, "queued": self.waiting,
                 "max_queue": self.cfg.max_queue, "completed_runs": self.completed,
-                "quarantined_slots": list(self.quarantined)}
+                "quarantined_slots": list(self.quarantined),
+                "launcher_restarts": self.launcher.restarts if self.launcher else 0}
 
     # ── runs ──
 
@@ -448,6 +451,9 @@ class Sandbox:
                 shutil.rmtree(workdir, ignore_errors=True)
         if iso.cgroups and iso.cgroups.oom_kills(slot) > oom_before:
             outcome.oom = True
+        if not (outcome.reported or outcome.setup_error or outcome.timed_out or outcome.output_limit or outcome.oom):
+            raise SandboxError("the runner ended without reporting how the program ended (killed from outside the "
+                               "service?)")
         return outcome
 
     async def _supervise(self, launched: Launched, spec: bytes, time_limit: float) -> RunOutcome:
@@ -534,6 +540,7 @@ def _read_status(fd: int, outcome: RunOutcome) -> None:
         outcome.cpu_s = status.get("cpu_s")
         outcome.result = status.get("result")
         outcome.pid = status.get("pid")
+        outcome.reported = "pid" in status
 
 
 # ── verdicts ──
