@@ -5,7 +5,8 @@ in flight (default: the service's concurrency bound, one request per slot), for 
 ``/test_program_stdio``. For scale, the same number of bare interpreter runs (``python -c`` of the same program, no
 sandbox, same parallelism) in the same session: the ratio says what the isolation costs per run.
 
-Usage: ``.venv/bin/python bench/sandbox.py [--concurrency N] [--requests 200] [--slots N] [-- extra service flags]``
+Usage: ``.venv/bin/python bench/sandbox.py [--concurrency N] [--requests 200] [--rounds 5] [--slots N]
+[-- extra service flags]``
 Run it as root for the full isolation (the service reports which one it got).
 """
 
@@ -87,27 +88,40 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=os.cpu_count() or 1, help="the service's --max-concurrency")
     parser.add_argument("--concurrency", type=int, default=None, help="requests in flight (default: --slots)")
     parser.add_argument("--requests", type=int, default=200, help="measured requests per endpoint")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="the three measurements alternate in this many rounds, so that they share the machine's "
+                             "background load (their ratio is the robust figure on a shared machine)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("service_flags", nargs="*", help="extra flags for the service (after --)")
     args = parser.parse_args()
     concurrency = args.concurrency or args.slots
+    per_round = max(1, args.requests // args.rounds)
 
     with running_service("--max-concurrency", str(args.slots), "--log-level", "warning",
                          *args.service_flags) as service:
         iso = service.health()["isolation"]
-        print(f"sandbox: isolation {iso['mode']} (cgroups {iso['cgroups'] or 'off'}), programs run by "
-              f"{iso['python']} {iso['verified']['python']}; {args.slots} slots, {concurrency} requests in flight, "
-              f"{os.cpu_count()} CPUs")
+        print(f"sandbox: isolation {iso['mode']} (cgroups {iso['cgroups'] or 'off'}), launcher "
+              f"{service.health()['launcher']}, programs run by {iso['python']} {iso['verified']['python']}; "
+              f"{args.slots} slots, {concurrency} requests in flight, {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}")
         body = {"program": PROGRAM, "tests": [TEST], "max_execution_time": 10}
         stdio_body = {"program": STDIO_PROGRAM, "tests": [{"input": "10\n", "output": "55"}], "max_execution_time": 10}
         asyncio.run(drive(service.url, "/test_program", body, args.warmup, concurrency))
-        wall, lat = asyncio.run(drive(service.url, "/test_program", body, args.requests, concurrency))
-        sandbox_rate = report("/test_program (1 assert test)", wall, lat)
-        wall, lat = asyncio.run(drive(service.url, "/test_program_stdio", stdio_body, args.requests, concurrency))
-        report("/test_program_stdio (1 stdin test)", wall, lat)
-        wall, lat = bare_runs(iso["python"], args.requests, concurrency)
-        bare_rate = report("bare interpreter, no sandbox", wall, lat)
-    print(f"  sandboxed / bare throughput: {sandbox_rate / bare_rate:.2f}")
+        totals = {name: [0.0, []] for name in ("assert", "stdio", "bare")}
+        for _ in range(args.rounds):
+            for name, measure in (
+                ("assert", lambda: asyncio.run(drive(service.url, "/test_program", body, per_round, concurrency))),
+                ("stdio", lambda: asyncio.run(drive(service.url, "/test_program_stdio", stdio_body, per_round,
+                                                    concurrency))),
+                ("bare", lambda: bare_runs(iso["python"], per_round, concurrency)),
+            ):
+                wall, latencies = measure()
+                totals[name][0] += wall
+                totals[name][1] += latencies
+        sandbox_rate = report("/test_program (1 assert test)", *totals["assert"])
+        report("/test_program_stdio (1 stdin test)", *totals["stdio"])
+        bare_rate = report("bare interpreter, no sandbox", *totals["bare"])
+    print(f"  sandboxed / bare throughput: {sandbox_rate / bare_rate:.2f} (load average now {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
