@@ -16,9 +16,15 @@ import sys
 from openrlhf_classmate.sandbox.config import SandboxConfig
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # a None default is resolved at start-up (CPU count, interpreter); the help text says how
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m openrlhf_classmate.sandbox", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=_Formatter)
     for f in dataclasses.fields(SandboxConfig):
         meta = dict(f.metadata)
         kwargs = {"help": meta.pop("help"), **meta}

@@ -17,7 +17,7 @@ class SandboxConfig:
     port: int = field(default=8001, metadata={"help": "Port to listen on"})
     isolation: str = field(
         default="auto",
-        metadata={"help": "root: namespaces (pid, net, mount, ipc, uts), a dedicated unprivileged uid per slot and "
+        metadata={"help": "root: namespaces (pid, net, mount, ipc, uts, cgroup), a dedicated unprivileged uid per slot and "
                           "cgroups; needs root. userns: the same namespaces through an unprivileged user namespace, "
                           "for a service that does not run as root; programs run as the service's user. none: rlimits and an empty environment only. auto: "
                           "the strongest that works here (checked at start-up; /health says which)",
