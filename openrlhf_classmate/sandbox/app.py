@@ -173,20 +173,27 @@ def create_app(cfg: SandboxConfig, box: Sandbox) -> FastAPI:
         limit = _time_limit(cfg, req.max_execution_time)
         _check_size(cfg, req.program, max(len(t) for t in req.tests), len(req.tests))
         box.reserve(len(req.tests))
-        verdicts = await asyncio.gather(*(box.run_assert(req.program, t, limit) for t in req.tests))
-        return _response(verdicts)
+        return _response(await _all(box.run_assert(req.program, t, limit) for t in req.tests))
 
     @app.post("/test_program_stdio")
     async def test_program_stdio(req: TestProgramStdioRequest) -> dict[str, Any]:
         limit = _time_limit(cfg, req.max_execution_time)
         _check_size(cfg, req.program, 0, len(req.tests))
         box.reserve(len(req.tests))
-        verdicts = await asyncio.gather(
-            *(box.run_stdio(req.program, t.input, t.output, limit) for t in req.tests))
-        return _response(verdicts)
+        return _response(await _all(box.run_stdio(req.program, t.input, t.output, limit) for t in req.tests))
 
     app.add_middleware(RequestGuard, limit=cfg.max_request_bytes)
     return app
+
+
+async def _all(runs) -> list[TestVerdict]:
+    """Every run of a request to its end (a sandbox failure in one does not leave the others unawaited), then the
+    first failure, if any, is raised."""
+    results = await asyncio.gather(*runs, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 
 def _limits(cfg: SandboxConfig) -> dict[str, Any]:
