@@ -186,9 +186,21 @@ def run(args) -> TrainerFactory:
     return trainer
 
 
+def check_scorer_environment() -> None:
+    """Scorer settings read from the environment in the reward processes (the code sandbox's), checked here, before
+    Ray starts, rather than failing every reward later."""
+    from openrlhf_classmate.scoring.code import CodeSandboxConfig
+
+    try:
+        CodeSandboxConfig.from_env()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         args = parse_args(argv)
+        check_scorer_environment()
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     if os.environ.get("OPENRLHF_CLASSMATE_ALLOW_UPSTREAM_CHANGES") != "1":
