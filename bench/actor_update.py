@@ -74,7 +74,7 @@ def build_args(model_dir: str, a) -> object:
     n = a.num_seqs
     return parse_args([
         "--actor.model_name_or_path", model_dir, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-        "--data.prompt_dataset", "unused.jsonl", "--vllm.num_engines", "0",
+        "--data.prompt_dataset", "unused.jsonl", "--vllm.num_engines", "0", "--vllm.sync_backend", "gloo",
         "--rollout.batch_size", str(n), "--rollout.micro_batch_size", str(a.micro_batch),
         "--rollout.n_samples_per_prompt", "1", "--train.batch_size", str(n),
         "--train.micro_batch_size", str(a.micro_batch), "--ds.zero_stage", str(a.zero_stage),
@@ -82,6 +82,7 @@ def build_args(model_dir: str, a) -> object:
         "--actor.lr_warmup_ratio", "0", "--actor.adam.lr", "1e-6", "--algo.advantage.estimator", "reinforce",
         "--rollout.max_new_tokens", str(a.response_len), "--data.max_len", str(a.prompt_len + a.response_len),
         "--engine.backend", "hf",
+        *(["--ds.packing_samples", "--vllm.num_engines", "1"] if a.packing else []),
     ])
 
 
@@ -94,9 +95,13 @@ def make_experience(actor, a, device):
     n, total = a.num_seqs, a.prompt_len + a.response_len
     vocab = actor.actor.model.module.config.vocab_size
     sequences = torch.randint(10, vocab, (n, total), generator=g)
-    attention = torch.ones(n, total, dtype=torch.long)
+    # --ragged: response lengths uniform in [response_len / 2, response_len] (right padding), so packing matters
+    lengths = (torch.randint(a.response_len // 2, a.response_len + 1, (n,), generator=g) if a.ragged
+               else torch.full((n,), a.response_len))
+    attention = (torch.arange(total).unsqueeze(0) < (a.prompt_len + lengths).unsqueeze(1)).long()
+    sequences = sequences * attention  # pad id 0
     action_mask = torch.zeros(n, total - 1, dtype=torch.bool)
-    action_mask[:, a.prompt_len - 1 :] = True
+    action_mask[:, a.prompt_len - 1 :] = attention[:, a.prompt_len :].bool()
     cot = torch.zeros_like(action_mask)
     cot[:, a.prompt_len : a.prompt_len + a.response_len // 2] = True  # the first half of the response is the CoT
     old = torch.cat([
@@ -110,7 +115,7 @@ def make_experience(actor, a, device):
     return ClassmateExperience(
         sequences=sequences, attention_mask=attention, action_mask=action_mask, action_log_probs=old,
         advantages=adv, classmate_advantages=classmate_adv, cot_mask=cot, classmate_log_probs=classmate_lp,
-        response_length=torch.full((n,), float(a.response_len)), total_length=torch.full((n,), float(total)),
+        response_length=lengths.float(), total_length=attention.sum(-1).float(),
         prompts=[""] * n, labels=[""] * n, index=list(range(n)), info={},
     )
 
@@ -144,6 +149,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--losses", nargs="+", default=["stock", "separated", "vanilla_classmate"])
     p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--packing", action="store_true", help="--ds.packing_samples (sdpa without flash-attn)")
+    p.add_argument("--ragged", action="store_true", help="response lengths vary per sequence (see make_experience)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     a = p.parse_args()
 
@@ -172,7 +179,7 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    tokens = a.num_seqs * (a.prompt_len + a.response_len)
+    tokens = int(experience.attention_mask.sum())  # real (unpadded) tokens
     cfg = PRESETS[a.preset]
     flops = 6 * n_params * tokens + 12 * cfg["num_hidden_layers"] * cfg["hidden_size"] * (
         a.prompt_len + a.response_len) * tokens
@@ -210,7 +217,8 @@ def main() -> None:
 
     stock = results.get("stock", {}).get("tokens_per_s")
     print(f"\nmodel {a.preset}: {n_params / 1e6:.1f}M params, ZeRO-{a.zero_stage}, bf16, grad ckpt; "
-          f"batch {a.num_seqs} x ({a.prompt_len}+{a.response_len}) tokens, micro-batch {a.micro_batch}; "
+          f"batch {a.num_seqs} x ({a.prompt_len}+{a.response_len}) tokens{' (ragged)' if a.ragged else ''}, "
+          f"packing {'on' if a.packing else 'off'}, micro-batch {a.micro_batch}; "
           f"median of {a.repeats} timed fits per loss, round-robin, after {a.warmup} warm-up round(s)")
     # "paired": the median over rounds of stock time / this loss's time in the same round (robust to drift)
     print(f"{'loss':<20}{'s/fit':>8}{'tokens/s':>12}{'vs stock':>10}{'paired':>8}{'peak GiB':>10}{'MFU':>8}")
