@@ -48,6 +48,16 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
                           for p in args.classmate.model_name_or_path]
             scorer = build_classmate_scorer(args, judge_config_from_args(args))
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, tokenizers, scorer=scorer)
+        from openrlhf_classmate.integration.reward_methods import build_reward_hooks, use_validation_rewards
+
+        generate_eval_samples = self.samples_generator.generate_eval_samples
+
+        def eval_samples(**kwargs):
+            samples = generate_eval_samples(**kwargs)
+            use_validation_rewards(samples)  # TinyV validates at weight 1
+            return samples
+
+        self.samples_generator.generate_eval_samples = eval_samples
         self.experience_maker = ClassmateExperienceMaker(
             self.actor_model_group,
             self.critic_model_group,
@@ -59,6 +69,7 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
             classmate_stage=stage,
             classmate_engines=[e for group in self.classmate_engines for e in group],
             colocated=classmate_colocated,
+            reward_hooks=build_reward_hooks(args),
         )
 
     def train_step(self, rollout_samples, global_step: int):
