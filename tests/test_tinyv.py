@@ -321,3 +321,53 @@ def test_the_reward_function_logs_the_declared_metrics_for_every_sample(monkeypa
     assert broken["extra_logs"]["main_valid"] == 0.0
     for out in (rescued, other, broken):  # the same keys whatever happened: OpenRLHF merges them per key
         assert set(keys) <= set(out["extra_logs"])
+
+
+# ── launcher: flags, checks, what reaches the engines, validation at weight 1 ──
+
+
+def _parse(*extra):
+    from openrlhf_classmate.integration.args import parse_args
+
+    return parse_args(["--actor.model_name_or_path", "tiny", *extra])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tinyv.mode", "mixed"], "needs --tinyv.base_url"),
+    (["--tinyv.base_url", "127.0.0.1:8001"], "http(s) URL"),
+    (["--tinyv.base_url", "http://h:1/v1", "--tinyv.weight", "1.5"], "[0, 1]"),
+    (["--tinyv.base_url", "http://h:1/v1", "--tinyv.mode", "tinyv_only", "--tinyv.weight", "0.5"],
+     "no effect with --tinyv.mode tinyv_only"),
+    (["--tinyv.base_url", "http://h:1/v1", "--reward.remote_url", "http://rm:5000/get_reward"], "--reward.remote_url"),
+    (["--tinyv.base_url", "http://h:1/v1", "--tinyv.mode", "sometimes"], "invalid choice"),
+])
+def test_bad_tinyv_options_are_refused_with_one_line(extra, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parse(*extra)
+    text = str(e.value) + capsys.readouterr().err  # argparse's own choice errors go to stderr
+    assert message in text
+
+
+def test_the_engines_get_the_verifier_settings_and_the_declared_metrics():
+    from openrlhf_classmate.integration.reward_methods import reward_method_env
+
+    args = _parse("--tinyv.base_url", "http://127.0.0.1:8001/v1", "--tinyv.mode", "mixed", "--tinyv.weight", "0.3")
+    env = reward_method_env(args)
+    assert json.loads(env[CONFIG_ENV])["mode"] == "mixed" and json.loads(env[CONFIG_ENV])["weight"] == 0.3
+    assert json.loads(env[METRICS_ENV]) == ["tinyv/verifier_called", "tinyv/verifier_failed", "tinyv/rescued",
+                                            "tinyv/rule_correct", "validation_reward", "grade/parse_failed"]
+    assert reward_method_env(_parse()) == {}  # nothing declared: no extra keys in any run without TinyV
+    assert json.loads(reward_method_env(_parse("--classmate.main_scorer", "grade"))[METRICS_ENV]) == [
+        "grade/parse_failed"]
+
+
+def test_evaluation_reads_the_validation_reward():
+    import torch
+
+    from openrlhf_classmate.integration.reward_methods import use_validation_rewards
+    from openrlhf_classmate.integration.experience import ClassmateExperience
+
+    rescued = ClassmateExperience(rewards=torch.tensor([0.3]), info={"validation_reward": torch.tensor([1.0])})
+    plain = ClassmateExperience(rewards=torch.tensor([0.5]), info={})
+    use_validation_rewards([rescued, plain])
+    assert rescued.rewards.tolist() == [1.0] and plain.rewards.tolist() == [0.5]
