@@ -364,8 +364,8 @@ def test_the_engines_get_the_verifier_settings_and_the_declared_metrics():
 def test_evaluation_reads_the_validation_reward():
     import torch
 
-    from openrlhf_classmate.integration.reward_methods import use_validation_rewards
     from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.reward_methods import use_validation_rewards
 
     rescued = ClassmateExperience(rewards=torch.tensor([0.3]), info={"validation_reward": torch.tensor([1.0])})
     plain = ClassmateExperience(rewards=torch.tensor([0.5]), info={})
