@@ -254,3 +254,35 @@ def test_classifier_urls_from_the_environment_and_no_hook_when_off(world, monkey
     hooks = build_reward_hooks(args)
     assert len(hooks) == 1 and hooks[0].classifier.roots == ["http://127.0.0.1:8010", "http://127.0.0.1:8011"]
     assert build_reward_hooks(parse_args(["--actor.model_name_or_path", world.policy])) == []
+
+
+def _plain_samples(qualities, valid=None):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(rewards=torch.tensor([float(q)]),
+                            info={} if valid is None else {"main_valid": torch.tensor([float(valid[i])])})
+            for i, q in enumerate(qualities)]
+
+
+def test_quality_values_map_correct_and_incorrect_and_failed_qualities_stay_masked():
+    from openrlhf_classmate.rewards.darling import DarlingConfig, DarlingRewardHook
+
+    hook = DarlingRewardHook(DarlingConfig(diversity="ngram", ngram_n=1, quality_values=[1.0, -1.0]), 4)
+    samples = _plain_samples([1, 0, 0, 1], valid=[1, 1, 1, 0])
+    metrics = hook.apply(samples, ["a b", "a c", "d e", "a b"])  # 1-gram diversity: [0, 0.5, 1, 0]
+    assert [float(s.rewards[0]) for s in samples] == pytest.approx([0.0, -0.5, -1.0, 0.0])
+    assert [float(s.info["main_valid"][0]) for s in samples[3:]] == [0.0]  # its quality failed: still masked
+    assert float(samples[0].info["main_valid"][0]) == 1.0 and metrics["darling/undetermined"] == 0.0
+    assert metrics["darling/quality"] == pytest.approx(-1 / 3)  # over the valid qualities: 1, -1, -1
+
+
+def test_partition_correct_classifies_only_pairs_of_correct_responses():
+    from openrlhf_classmate.rewards.darling import DarlingConfig, DarlingRewardHook
+
+    with serve_in_thread(FakeClassifierServer()) as server:
+        hook = DarlingRewardHook(DarlingConfig(diversity="partition_correct", classifier_urls=[server.url]), 4)
+        samples = _plain_samples([1, 1, 0, 1])
+        metrics = hook.apply(samples, [A, A, B, C])
+    assert len(server.requests) == 3 and metrics["darling/pairs_classified"] == 3.0  # pairs among {0, 1, 3}
+    # k = 3 correct: {0, 1} share a class -> (3 - 2) / 2 = 0.5; 3 alone -> 1; the wrong one gets the floor (x q = 0)
+    assert [float(s.rewards[0]) for s in samples] == pytest.approx([0.5, 0.5, 0.0, 1.0])
