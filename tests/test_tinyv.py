@@ -371,3 +371,18 @@ def test_evaluation_reads_the_validation_reward():
     plain = ClassmateExperience(rewards=torch.tensor([0.5]), info={})
     use_validation_rewards([rescued, plain])
     assert rescued.rewards.tolist() == [1.0] and plain.rewards.tolist() == [0.5]
+
+
+def test_the_trainer_s_evaluation_uses_the_validation_rewards():
+    import torch
+
+    from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
+
+    class Generator:
+        def generate_eval_samples(self, **kwargs):
+            return [ClassmateExperience(rewards=torch.tensor([0.5]), info={"validation_reward": torch.tensor([1.0])})]
+
+    generator = Generator()
+    evaluate_with_validation_rewards(generator)
+    assert generator.generate_eval_samples(n_samples_per_prompt=1)[0].rewards.tolist() == [1.0]

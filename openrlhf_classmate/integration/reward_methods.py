@@ -164,6 +164,19 @@ def build_reward_hooks(args: SimpleNamespace) -> list:
     return [DarlingRewardHook(cfg, args.rollout.n_samples_per_prompt)] if cfg is not None else []
 
 
+def evaluate_with_validation_rewards(samples_generator) -> None:
+    """Make this trainer's evaluation (upstream's ``generate_eval_samples`` of its own samples generator) score with
+    :func:`use_validation_rewards`."""
+    generate_eval_samples = samples_generator.generate_eval_samples
+
+    def eval_samples(**kwargs):
+        samples = generate_eval_samples(**kwargs)
+        use_validation_rewards(samples)
+        return samples
+
+    samples_generator.generate_eval_samples = eval_samples
+
+
 def use_validation_rewards(samples: list) -> None:
     """Evaluation scores each sample with its ``validation_reward`` where the reward function logged one (TinyV at
     weight 1), instead of its training reward."""

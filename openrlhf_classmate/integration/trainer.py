@@ -48,16 +48,9 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
                           for p in args.classmate.model_name_or_path]
             scorer = build_classmate_scorer(args, judge_config_from_args(args))
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, tokenizers, scorer=scorer)
-        from openrlhf_classmate.integration.reward_methods import build_reward_hooks, use_validation_rewards
+        from openrlhf_classmate.integration.reward_methods import build_reward_hooks, evaluate_with_validation_rewards
 
-        generate_eval_samples = self.samples_generator.generate_eval_samples
-
-        def eval_samples(**kwargs):
-            samples = generate_eval_samples(**kwargs)
-            use_validation_rewards(samples)  # TinyV validates at weight 1
-            return samples
-
-        self.samples_generator.generate_eval_samples = eval_samples
+        evaluate_with_validation_rewards(self.samples_generator)  # TinyV validates at weight 1
         self.experience_maker = ClassmateExperienceMaker(
             self.actor_model_group,
             self.critic_model_group,
