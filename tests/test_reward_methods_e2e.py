@@ -22,7 +22,7 @@ N = 4  # samples per prompt
 PROMPTS_PER_STEP = 4
 
 
-def _rows(path: str, data_source: str, n: int, seed: int, marker: str = "") -> None:
+def _rows(path: str, data_source: str, n: int, seed: int, marker: str = "", ground_truth: str | None = None) -> None:
     rng = random.Random(seed)
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(n):
@@ -30,7 +30,7 @@ def _rows(path: str, data_source: str, n: int, seed: int, marker: str = "") -> N
             b = rng.randint(0, 4 - a)
             question = f"{marker}{a} + {b} = ?"
             messages = [{"role": "user", "content": question}]
-            label = {"data_source": data_source, "ground_truth": str(a + b), "question": question,
+            label = {"data_source": data_source, "ground_truth": ground_truth or str(a + b), "question": question,
                      "messages": messages}
             f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
 
@@ -69,7 +69,8 @@ def test_tinyv_config_trains_with_the_verifier(tmp_path):
     world = build_world(str(tmp_path / "world"))
     data, eval_data = str(tmp_path / "train.jsonl"), str(tmp_path / "eval.jsonl")
     _rows(data, "bigmath_tinyv", 2 * PROMPTS_PER_STEP, seed=0)
-    _rows(eval_data, "bigmath_tinyv", 4, seed=1, marker="? ")
+    # evaluation rows whose answer the policy cannot write (its vocabulary has no "-"): only the verifier scores them
+    _rows(eval_data, "bigmath_tinyv", 4, seed=1, marker="? ", ground_truth="-1")
     # a verifier that accepts everything: every answer the rule rejects is rescued, at weight 0.5 in training
     with serve_in_thread(FakeVerifierServer(reply="True")) as server:
         argv = _argv("tinyv", world, data, eval_data) + ["--tinyv.base_url", server.base_url, "--tinyv.weight", "0.5"]
@@ -89,7 +90,10 @@ def test_tinyv_config_trains_with_the_verifier(tmp_path):
     train_requests = [r for r in requests if "<question>? " not in r["messages"][0]["content"]]
     assert len(train_requests) == round(PROMPTS_PER_STEP * N * sum(called.values()))  # one request per call
     assert all(r["model"] == "zhangchenxu/TinyV-1.5B" and r["max_tokens"] == 8 for r in requests)
-    assert [tag for tag in tb if tag.startswith("eval/")], sorted(tb)  # the evaluation ran (at weight 1)
+    eval_requests = len(requests) - len(train_requests)
+    pass1 = [v[2] for tag, v in tb.items() if tag.startswith("eval/") and tag.endswith("_pass1")]
+    assert eval_requests > 0 and pass1, sorted(tb)
+    assert pass1[0] == pytest.approx(eval_requests / 4)  # every verified eval answer counts 1: weight 1, not 0.5
 
 
 def test_darling_config_trains_with_the_pair_classifier_one_server_down(tmp_path):
