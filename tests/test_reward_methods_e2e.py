@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 4  # samples per prompt
 PROMPTS_PER_STEP = 4
+EVAL_ROWS = 8  # x 4 samples: enough that some of the random policy's evaluation answers reach the verifier
 
 
 def _rows(path: str, data_source: str, n: int, seed: int, marker: str = "", ground_truth: str | None = None) -> None:
@@ -70,10 +71,11 @@ def test_tinyv_config_trains_with_the_verifier(tmp_path):
     data, eval_data = str(tmp_path / "train.jsonl"), str(tmp_path / "eval.jsonl")
     _rows(data, "bigmath_tinyv", 2 * PROMPTS_PER_STEP, seed=0)
     # evaluation rows whose answer the policy cannot write (its vocabulary has no "-"): only the verifier scores them
-    _rows(eval_data, "bigmath_tinyv", 4, seed=1, marker="? ", ground_truth="-1")
+    _rows(eval_data, "bigmath_tinyv", EVAL_ROWS, seed=1, marker="? ", ground_truth="-1")
     # a verifier that accepts everything: every answer the rule rejects is rescued, at weight 0.5 in training
     with serve_in_thread(FakeVerifierServer(reply="True")) as server:
-        argv = _argv("tinyv", world, data, eval_data) + ["--tinyv.base_url", server.base_url, "--tinyv.weight", "0.5"]
+        argv = _argv("tinyv", world, data, eval_data) + ["--tinyv.base_url", server.base_url, "--tinyv.weight", "0.5",
+                                                         "--eval.n_samples_per_prompt", "4"]
         _launch(argv, str(tmp_path / "run.log"))
         requests = list(server.requests)
     tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
@@ -93,7 +95,8 @@ def test_tinyv_config_trains_with_the_verifier(tmp_path):
     eval_requests = len(requests) - len(train_requests)
     pass1 = [v[2] for tag, v in tb.items() if tag.startswith("eval/") and tag.endswith("_pass1")]
     assert eval_requests > 0 and pass1, sorted(tb)
-    assert pass1[0] == pytest.approx(eval_requests / 4)  # every verified eval answer counts 1: weight 1, not 0.5
+    assert tb["eval/eval_num_samples"][2] == EVAL_ROWS * 4
+    assert pass1[0] == pytest.approx(eval_requests / (EVAL_ROWS * 4))  # a verified answer counts 1 (weight 1, not 0.5)
 
 
 def test_darling_config_trains_with_the_pair_classifier_one_server_down(tmp_path):
