@@ -7,8 +7,9 @@ failure, not the scorer's). Scores come from the scorer registry, keyed by the l
 Configuration arrives through environment variables set by the launcher (the engine processes get no ``args``):
 ``OPENRLHF_CLASSMATE_THINK_CLOSE``, ``OPENRLHF_CLASSMATE_FINAL_ANSWER`` (``after_think`` or ``whole_response``, for
 non-thinking policies), ``OPENRLHF_CLASSMATE_STRIP_TOKENS`` (JSON list of special-token strings to drop,
-e.g. EOS), ``OPENRLHF_CLASSMATE_SCORER`` (override of ``data_source``) and ``OPENRLHF_CLASSMATE_JUDGE`` (JSON of
-``JudgeConfig`` fields for judge scorers).
+e.g. EOS), ``OPENRLHF_CLASSMATE_SCORER`` (override of ``data_source``), ``OPENRLHF_CLASSMATE_JUDGE`` (JSON of
+``JudgeConfig`` fields for judge scorers), ``OPENRLHF_CLASSMATE_TINYV`` (the TinyV verifier) and
+``OPENRLHF_CLASSMATE_SCORER_METRICS`` (the per-sample scorer metrics every sample logs, ``scoring/metrics.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ _REPORTED: set[str] = set()
 def reward_func(queries, prompts, labels, **kwargs):
     import openrlhf_classmate  # noqa: F401
     from openrlhf_classmate.scoring import score_responses
+    from openrlhf_classmate.scoring.metrics import declared_metric_keys, sample_metrics
 
     think_close = os.environ.get("OPENRLHF_CLASSMATE_THINK_CLOSE", "</think>")
     strip = json.loads(os.environ.get("OPENRLHF_CLASSMATE_STRIP_TOKENS", "[]"))
@@ -57,6 +59,7 @@ def reward_func(queries, prompts, labels, **kwargs):
     mode = os.environ.get("OPENRLHF_CLASSMATE_FINAL_ANSWER", "after_think")
     answers = [final_answer(response_text(q, p), think_close, strip, mode) for q, p in zip(queries, prompts)]
     logs = {"has_answer": float(answers[0] is not None)}
+    metric_keys = declared_metric_keys()  # the same keys for every sample, whatever happens below
     try:
         parsed = [json.loads(label) if isinstance(label, str) else dict(label) for label in labels]
         if scorer != "auto":
@@ -69,6 +72,8 @@ def reward_func(queries, prompts, labels, **kwargs):
         if message not in _REPORTED:
             _REPORTED.add(message)
             print(f"[openrlhf_classmate.reward_func] scoring failed: {message}", file=sys.stderr, flush=True)
-        return {"rewards": 0.0, "scores": 0.0, "extra_logs": {**logs, "main_valid": 0.0}}
+        return {"rewards": 0.0, "scores": 0.0,
+                "extra_logs": {**logs, **sample_metrics(metric_keys, 0.0, None), "main_valid": 0.0}}
     score = float(result.score) if result.valid else 0.0
+    logs.update(sample_metrics(metric_keys, score, result.metrics))
     return {"rewards": score, "scores": score, "extra_logs": {**logs, "main_valid": float(result.valid)}}

@@ -123,9 +123,13 @@ def test_method_choices_of_the_other_configs(tiny):
         assert f"/{data}/" in a.data.prompt_dataset and a.classmate.judge_base_url is None
     tinyv = _parse("tinyv", tiny)
     assert tinyv.algo.advantage.estimator == "group_norm" and tinyv.algo.kl.use_loss
-    assert tinyv.classmate.judge_model == "zhangchenxu/TinyV-1.5B"
+    assert tinyv.tinyv.model == "zhangchenxu/TinyV-1.5B" and tinyv.tinyv.base_url.startswith("http://")
+    assert (tinyv.tinyv.mode, tinyv.tinyv.weight, tinyv.tinyv.max_retries) == ("addon", 1.0, 3)
     darling = _parse("darling", tiny)
     assert darling.algo.advantage.estimator == "dr_grpo" and darling.classmate.main_scorer == "math_verify"
+    d = darling.darling
+    assert (d.diversity, d.combine, d.diversity_floor, d.threshold) == ("partition", "multiplicative", 0.1, 0.5)
+    assert (d.cls_token, d.sep_token, d.max_len, d.short_answer_words) == ("<|im_start|>", "<|im_end|>", 4096, 5)
     vrcli = _parse("vrcli", tiny)
     assert vrcli.algo.kl.init_coef > 0 and vrcli.rollout.n_samples_per_prompt == 16  # the generator = ref model
 

@@ -337,6 +337,28 @@ def test_a_bad_code_reward_is_named(tmp_path):
     proc = _bash("use_sandbox", {"CODE_REWARD": "partial", "SANDBOX_URL": "http://127.0.0.1:1"})
     assert proc.returncode == 1 and "CODE_REWARD must be fraction or all_or_nothing, got 'partial'" in proc.stderr
 
+def test_given_tinyv_and_classifier_urls_reach_the_launcher(tmp_path):
+    port, a, b = _free_port(), _free_port(), _free_port()
+    stops = [_serve(port), _serve(a), _serve(b)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    env = dict(os.environ, GPUS_PER_NODE="1", PYTHON=sys.executable, DATA=str(data), EVAL_DATA="",
+               MODEL="Qwen/Qwen3-0.6B", DRY_RUN="1", TINYV_URL=f"http://127.0.0.1:{port}/v1", TINYV_MODE="mixed",
+               TINYV_WEIGHT="0.5", DARLING_CLASSIFIER_URLS=f"http://127.0.0.1:{a}/v1,http://127.0.0.1:{b}/v1")
+    try:
+        tinyv = subprocess.run(["bash", os.path.join(SCRIPTS, "tinyv.sh")], env=env, capture_output=True,
+                               text=True, timeout=60)
+        darling = subprocess.run(["bash", os.path.join(SCRIPTS, "darling.sh")], env=env, capture_output=True,
+                                 text=True, timeout=60)
+    finally:
+        for stop in stops:
+            stop()
+    assert tinyv.returncode == 0 and darling.returncode == 0, tinyv.stderr + darling.stderr
+    assert "vllm serve" not in tinyv.stdout + darling.stdout  # nothing started
+    assert (f"--tinyv.base_url http://127.0.0.1:{port}/v1 --tinyv.model served-judge --tinyv.mode mixed "
+            "--tinyv.weight 0.5") in tinyv.stdout
+    assert f"--darling.classifier_urls http://127.0.0.1:{a}/v1 http://127.0.0.1:{b}/v1" in darling.stdout
+
 
 def test_missing_inputs_are_named(tmp_path, fakes):
     env = dict(os.environ, GPUS_PER_NODE="1", PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
@@ -414,10 +436,11 @@ def test_dry_run_command_parses_and_maps_the_environment(script, tiny, tmp_path)
         assert len(servers) == 1 and servers[0].startswith("vllm serve Qwen/Qwen3-4B-Instruct-2507")
         assert "--port 8123" in servers[0] and "--gpu-memory-utilization 0.2" in servers[0]
     elif script == "tinyv":
-        assert args.classmate.judge_base_url == "http://127.0.0.1:8001/v1"
+        assert args.tinyv.base_url == "http://127.0.0.1:8001/v1" and args.tinyv.model == "zhangchenxu/TinyV-1.5B"
         assert servers == [s for s in servers if s.startswith("vllm serve zhangchenxu/TinyV-1.5B")] and servers
     elif script == "darling":
         assert len(servers) == 1 and "--runner pooling" in servers[0]
+        assert args.darling.classifier_urls == ["http://127.0.0.1:8010/v1"] and args.darling.diversity == "partition"
     elif script == "classmate_code":
         assert len(servers) == 1 and "-m openrlhf_classmate.sandbox --host 127.0.0.1 --port 8001" in servers[0]
     else:

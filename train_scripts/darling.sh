@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # DARLING (math): diversity-aware GRPO on DeepScaleR (configs/darling.yaml). Starts DARLING_NUM_SERVERS pair-classifier
 # servers (`vllm serve DARLING_CLASSIFIER_MODEL --runner pooling`, one GPU each) unless DARLING_CLASSIFIER_URLS is
-# set, and exports DARLING_CLASSIFIER_URLS to the run.
+# set, and passes their URLs to the run (--darling.classifier_urls). DARLING itself (partition diversity x math-verify
+# quality, dr_grpo) is configured in the config's darling: section.
 #
 #   train_scripts/darling.sh [launcher flags...]
 #

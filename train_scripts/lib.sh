@@ -373,7 +373,8 @@ use_judge() {
   if [[ -n "${JUDGE_API_KEY_ENV:-}" ]]; then RUN_ARGS+=(--classmate.judge_api_key_env "$JUDGE_API_KEY_ENV"); fi
 }
 
-# use_tinyv: the TinyV verifier (reward_methods.md §A.7: max-model-len 4096, memory 0.15 next to training).
+# use_tinyv: the TinyV verifier (reward_methods.md §A.7: max-model-len 4096, memory 0.15 next to training), passed as
+# --tinyv.base_url / --tinyv.model; TINYV_MODE (addon, tinyv_only, mixed) and TINYV_WEIGHT add --tinyv.mode / .weight.
 use_tinyv() {
   if [[ -z "${TINYV_URL:-}" || -n "${TINYV_MODEL:-}" ]]; then TINYV_MODEL="${TINYV_MODEL:-zhangchenxu/TinyV-1.5B}"; fi
   use_or_start_server TINYV tinyv "${TINYV_PORT:-8001}" "${TINYV_DEVICES-${SERVER_CUDA_DEVICES:-}}" "${TINYV_MODEL:-}" \
@@ -381,12 +382,16 @@ use_tinyv() {
     --gpu-memory-utilization "${TINYV_GPU_MEM:-$(default_server_mem 0.15)}" --max-model-len "${TINYV_MAX_MODEL_LEN:-4096}" \
     ${TINYV_EXTRA_ARGS:-}
   if [[ -z "${TINYV_MODEL:-}" ]]; then TINYV_MODEL=$(served_model TINYV_URL "$TINYV_URL") || exit 1; fi
-  RUN_ARGS+=(--classmate.judge_base_url "$TINYV_URL" --classmate.judge_model "$TINYV_MODEL")
+  RUN_ARGS+=(--tinyv.base_url "$TINYV_URL" --tinyv.model "$TINYV_MODEL")
+  # TinyV's VERIFIER_SETUP / VERIFIER_WEIGHT script arguments
+  if [[ -n "${TINYV_MODE:-}" ]]; then RUN_ARGS+=(--tinyv.mode "$TINYV_MODE"); fi
+  if [[ -n "${TINYV_WEIGHT:-}" ]]; then RUN_ARGS+=(--tinyv.weight "$TINYV_WEIGHT"); fi
 }
 
 # use_darling_classifiers: DARLING's pair classifier, DARLING_NUM_SERVERS single-GPU `vllm serve --runner pooling`
 # servers on ports DARLING_PORT, DARLING_PORT+1, ... (served as similarity_gpu_<i>); or DARLING_CLASSIFIER_URLS
-# (comma-separated, running servers). Exports DARLING_CLASSIFIER_URLS (OpenAI-style roots, http://HOST:PORT/v1).
+# (comma-separated, running servers). Passes them as --darling.classifier_urls and exports DARLING_CLASSIFIER_URLS
+# (OpenAI-style roots, http://HOST:PORT/v1).
 use_darling_classifiers() {
   local urls=() i n devices=() dev port
   if [[ -n "${DARLING_CLASSIFIER_URLS:-}" ]]; then
@@ -413,6 +418,7 @@ use_darling_classifiers() {
   fi
   DARLING_CLASSIFIER_URLS=$(IFS=,; echo "${urls[*]}")
   export DARLING_CLASSIFIER_URLS
+  RUN_ARGS+=(--darling.classifier_urls "${urls[@]}")
   RAY_JOB_ENV_VARS="${RAY_JOB_ENV_VARS:-} DARLING_CLASSIFIER_URLS"
   log "DARLING_CLASSIFIER_URLS=$DARLING_CLASSIFIER_URLS"
 }

@@ -6,7 +6,8 @@
 #
 # Environment: MODEL (Qwen/Qwen2.5-7B), DATA / EVAL_DATA (setup_data/bigmath_tinyv.py's train / test), OUTPUT_DIR
 # (RUNS_DIR/tinyv); the verifier: TINYV_URL, or TINYV_MODEL (zhangchenxu/TinyV-1.5B) / TINYV_PORT (8001) /
-# TINYV_GPU_MEM / TINYV_TP / TINYV_DEVICES / TINYV_MAX_MODEL_LEN / TINYV_EXTRA_ARGS; GPUs, Ray, DRY_RUN: lib.sh.
+# TINYV_GPU_MEM / TINYV_TP / TINYV_DEVICES / TINYV_MAX_MODEL_LEN / TINYV_EXTRA_ARGS; TINYV_MODE (addon, tinyv_only,
+# mixed) and TINYV_WEIGHT (TinyV's VERIFIER_SETUP / VERIFIER_WEIGHT); GPUs, Ray, DRY_RUN: lib.sh.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 

@@ -41,6 +41,9 @@ def reward_env(args) -> dict[str, str]:
         env["OPENRLHF_CLASSMATE_JUDGE"] = json.dumps(
             {"base_url": judge.base_url, "model": judge.model, "api_key_env": judge.api_key_env}
         )
+    from openrlhf_classmate.integration.reward_methods import reward_method_env
+
+    env.update(reward_method_env(args))  # TinyV's verifier and the declared per-sample scorer metrics
     return env
 
 

@@ -70,6 +70,10 @@ class ClassmateControllerMixin(BasePPOTrainer):
             scorer = build_classmate_scorer(args, judge_config_from_args(args))
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, classmate_tokenizers(args),
                                    scorer=scorer)
+        from openrlhf_classmate.integration.reward_methods import build_reward_hooks, evaluate_with_validation_rewards
+
+        if hasattr(self, "samples_generator"):  # sync; in async runs the rollout actor evaluates
+            evaluate_with_validation_rewards(self.samples_generator)  # TinyV validates at weight 1
         self.experience_maker = ClassmateExperienceMaker(
             self.actor_model_group,
             self.critic_model_group,
@@ -81,6 +85,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
             classmate_stage=stage,
             classmate_engines=[e for group in self.classmate_engines for e in group],
             colocated=colocated,
+            reward_hooks=build_reward_hooks(args),
         )
 
     def train_step(self, rollout_samples, global_step: int):
@@ -161,6 +166,9 @@ class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
 
     def __init__(self, pretrain, strategy, vllm_engines, *, classmate_engines=None, **kwargs):
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
+        from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
+
+        evaluate_with_validation_rewards(self.samples_generator)  # async evaluation runs here (TinyV: weight 1)
         self.classmate_stage = None
         if classmate_engines:
             from openrlhf_classmate.integration.classmate_stage import ClassmateStage

@@ -9,6 +9,8 @@ Entry points:
 * ``JudgeConfig`` / ``JudgeClient``: the OpenAI-compatible judge client.
 * ``CodeScorer`` / ``CodeSandboxConfig``: the ``code`` / ``code_stdio`` scorers and their sandbox-service client.
 * ``MathVerifyConfig`` / ``configure_math_verify`` / ``shutdown``: the math-verify worker processes.
+* ``TinyVConfig`` / ``configure_tinyv`` / ``TinyVScorer`` / ``GradeScorer``: TinyV's LLM verifier (``_tinyv`` data
+  sources), its rubric grading, and the ``grade`` data source.
 
 A result with ``valid=False`` is a scorer failure (judge down, unparseable judge output, verifier timeout) and must
 be masked out of group statistics, never read as a 0.
@@ -44,6 +46,7 @@ from openrlhf_classmate.scoring.registry import (
     get_scorer,
     known_data_sources,
     register_scorer,
+    register_suffix,
     resolve_data_source,
     score_responses,
 )
@@ -54,6 +57,7 @@ from openrlhf_classmate.scoring.sycophancy import (
     build_judge_prompt,
     parse_judge_rating,
 )
+from openrlhf_classmate.scoring.tinyv import GradeScorer, TinyVConfig, TinyVScorer, configure_tinyv
 
 __all__ = [
     "NO_FINAL_ANSWER",
@@ -62,6 +66,7 @@ __all__ = [
     "CodeSandboxConfig",
     "CodeScorer",
     "ExactMatchScorer",
+    "GradeScorer",
     "Gsm8kScorer",
     "Item",
     "JudgeClient",
@@ -77,6 +82,8 @@ __all__ = [
     "ScoreResult",
     "Scorer",
     "SycophancyJudgeScorer",
+    "TinyVConfig",
+    "TinyVScorer",
     "UnknownDataSourceError",
     "VerifyOutcome",
     "amonitor_predictions",
@@ -84,6 +91,7 @@ __all__ = [
     "build_judge_prompt",
     "build_monitor_prompt",
     "configure_math_verify",
+    "configure_tinyv",
     "extract_choice",
     "extract_program",
     "get_math_pool",
@@ -98,6 +106,7 @@ __all__ = [
     "parse_judge_rating",
     "parse_label",
     "register_scorer",
+    "register_suffix",
     "resolve_data_source",
     "run_sync",
     "score_responses",

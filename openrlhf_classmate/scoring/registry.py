@@ -1,15 +1,19 @@
 """Which scorer handles which ``data_source``, and the batch entry point ``score_responses``.
 
 Matching is exact and case-sensitive, against a scorer's name or one of its listed aliases; nothing is matched by
-substring (the reference tested ``"mmlu" in data_source``, which silently missed ``TIGER-Lab/MMLU-Pro``). An unknown
-name raises ``UnknownDataSourceError`` listing the known ones. Built-in table:
+substring (the reference tested ``"mmlu" in data_source``, which silently missed ``TIGER-Lab/MMLU-Pro``). The one
+exception is a registered *suffix* (TinyV's documented ``_tinyv`` convention), tried only after the exact names. An
+unknown name raises ``UnknownDataSourceError`` listing the known ones. Built-in table:
 
 =====================  ===========================================================  ==============================
 scorer (canonical)     aliases                                                      label fields
 =====================  ===========================================================  ==============================
 gsm8k                  openai/gsm8k                                                 ground_truth (number)
 hendrycks_math         EleutherAI/hendrycks_math                                    ground_truth (answer LaTeX)
-math_verify            deepscaler, bigmath_tinyv (rule-based part of TinyV only)    ground_truth (answer LaTeX)
+math_verify            deepscaler                                                   ground_truth (answer LaTeX)
+tinyv                  bigmath_tinyv, bigmath_rl_tinyv, HardVerify-Math,            ground_truth, question;
+                       and any name ending in _tinyv                                criteria (rubric rows)
+grade                  -                                                            ground_truth (score in [0, 1])
 mmlu_sycophancy        cais/mmlu, mmlu_sycophancy_new                               ground_truth (hint letter A-D)
 mmlu_pro_sycophancy    TIGER-Lab/MMLU-Pro                                           ground_truth (hint letter A-J)
 sycophancy_judge       helpful_instructions, anthropic_hh_rlhf,                     raw_question_for_monitor
@@ -46,6 +50,7 @@ from openrlhf_classmate.scoring.math import Gsm8kScorer, MathVerifyScorer
 from openrlhf_classmate.scoring.multiple_choice import MMLU_LETTERS, MMLU_PRO_LETTERS, MultipleChoiceScorer
 from openrlhf_classmate.scoring.result import ScoreResult
 from openrlhf_classmate.scoring.sycophancy import SycophancyJudgeScorer
+from openrlhf_classmate.scoring.tinyv import GradeScorer, TinyVScorer
 
 Judge = JudgeConfig | JudgeClient | None
 ScorerFactory = Callable[[Judge], Scorer]
@@ -64,6 +69,7 @@ class ScorerEntry:
 
 _ENTRIES: dict[str, ScorerEntry] = {}
 _NAMES: dict[str, str] = {}  # name or alias -> canonical name
+_SUFFIXES: dict[str, str] = {}  # data_source suffix -> canonical name (after exact names)
 
 
 def register_scorer(name: str, factory: ScorerFactory, aliases: Sequence[str] = (), *, replace: bool = False) -> None:
@@ -92,6 +98,13 @@ def register_scorer(name: str, factory: ScorerFactory, aliases: Sequence[str] = 
         _NAMES[k] = name
 
 
+def register_suffix(suffix: str, name: str) -> None:
+    """Route every data_source ending in ``suffix`` (and matching no exact name) to the scorer ``name``."""
+    if name not in _ENTRIES:
+        raise ValueError(f"no scorer named {name!r}")
+    _SUFFIXES[suffix] = name
+
+
 def known_data_sources() -> dict[str, str]:
     """Every accepted data_source (names and aliases) mapped to its canonical scorer name."""
     return dict(_NAMES)
@@ -103,6 +116,10 @@ def resolve_data_source(data_source: str) -> str:
         return _NAMES[data_source]
     except (KeyError, TypeError):
         pass
+    if isinstance(data_source, str):
+        for suffix, name in _SUFFIXES.items():
+            if data_source.endswith(suffix) and name in _ENTRIES:
+                return name
     hint = ""
     folded = {k.casefold(): k for k in _NAMES}
     if isinstance(data_source, str) and data_source.casefold() in folded:
@@ -110,8 +127,9 @@ def resolve_data_source(data_source: str) -> str:
     elif isinstance(data_source, str):
         close = difflib.get_close_matches(data_source, list(_NAMES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
+    suffixes = "".join(f"; or any name ending in {suffix}" for suffix in sorted(_SUFFIXES))
     raise UnknownDataSourceError(
-        f"no scorer for this data_source.{hint} Known names (exact match): {', '.join(sorted(_NAMES))}. "
+        f"no scorer for this data_source.{hint} Known names (exact match): {', '.join(sorted(_NAMES))}{suffixes}. "
         "Fix the dataset's data_source, or register a scorer with scoring.register_scorer().",
         data_source=data_source,
         field="data_source",
@@ -179,8 +197,11 @@ def _register_builtins() -> None:
     register_scorer("gsm8k", lambda judge: Gsm8kScorer(), aliases=("openai/gsm8k",))
     register_scorer("hendrycks_math", lambda judge: MathVerifyScorer("hendrycks_math"),
                     aliases=("EleutherAI/hendrycks_math",))
-    register_scorer("math_verify", lambda judge: MathVerifyScorer("math_verify"),
-                    aliases=("deepscaler", "bigmath_tinyv"))
+    register_scorer("math_verify", lambda judge: MathVerifyScorer("math_verify"), aliases=("deepscaler",))
+    register_scorer("tinyv", lambda judge: TinyVScorer(),
+                    aliases=("bigmath_tinyv", "bigmath_rl_tinyv", "HardVerify-Math"))
+    register_suffix("_tinyv", "tinyv")
+    register_scorer("grade", lambda judge: GradeScorer())
     register_scorer("mmlu_sycophancy", lambda judge: MultipleChoiceScorer("mmlu_sycophancy", MMLU_LETTERS),
                     aliases=("cais/mmlu", "mmlu_sycophancy_new"))
     register_scorer("mmlu_pro_sycophancy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 NO_FINAL_ANSWER = "no final answer"
@@ -27,10 +28,15 @@ class ScoreResult:
     """Free-text explanation: the judge's explanation, or which rule produced the score."""
     reason: str | None = None
     """Why the score is invalid; None for valid scores."""
+    metrics: Mapping[str, float] | None = None
+    """Per-sample counters of the scorer (e.g. TinyV's ``tinyv/verifier_called``), logged by the reward function
+    when the run declares them (``scoring/metrics.py``)."""
 
     @classmethod
-    def invalid(cls, reason: str, *, extracted: str | None = None, explanation: str | None = None) -> ScoreResult:
-        return cls(score=0.0, valid=False, extracted=extracted, explanation=explanation, reason=reason)
+    def invalid(cls, reason: str, *, extracted: str | None = None, explanation: str | None = None,
+                metrics: Mapping[str, float] | None = None) -> ScoreResult:
+        return cls(score=0.0, valid=False, extracted=extracted, explanation=explanation, reason=reason,
+                   metrics=metrics)
 
     @classmethod
     def no_final_answer(cls) -> ScoreResult:
