@@ -28,6 +28,7 @@ from openrlhf_classmate.integration.classmate_config import (
     add_classmate_arguments,
     validate_classmate_args,
 )
+from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments, validate_vrcli_args
 
 
 class ConfigError(ValueError):
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="YAML file whose nested keys map to the dotted flags; explicit command-line flags override it",
     )
     add_classmate_arguments(parser)
+    add_vrcli_arguments(parser)
     return parser
 
 
@@ -179,4 +181,5 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     _exec(post, namespace)
     args = namespace["args"]
     validate_classmate_args(args)
+    validate_vrcli_args(args)
     return args

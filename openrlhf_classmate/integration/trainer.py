@@ -6,6 +6,8 @@ subclass the plain class behind it (``__ray_actor_class__``) and wrap the result
 
 from __future__ import annotations
 
+import time
+
 import ray
 import torch
 from openrlhf.trainer.ppo_trainer import PPOTrainer
@@ -27,6 +29,16 @@ def judge_config_from_args(args):
     from openrlhf_classmate.scoring import JudgeConfig
 
     return JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model or "", api_key_env=cfg.judge_api_key_env)
+
+
+def build_reward_hooks(args, tokenizer) -> list:
+    """The group-level reward hooks the flags ask for (see ``ClassmateExperienceMaker.reward_hooks``)."""
+    hooks = []
+    if getattr(getattr(args, "vrcli", None), "enable", False):
+        from openrlhf_classmate.rewards.vrcli import build_vrcli_hook
+
+        hooks.append(build_vrcli_hook(args, tokenizer))
+    return hooks
 
 
 class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
@@ -59,6 +71,7 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
             classmate_stage=stage,
             classmate_engines=[e for group in self.classmate_engines for e in group],
             colocated=classmate_colocated,
+            reward_hooks=build_reward_hooks(args, self.tokenizer),
         )
 
     def train_step(self, rollout_samples, global_step: int):
@@ -81,6 +94,32 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
         status["skipped_invalid_step"] = 0.0
         return status, next_step
+
+    def evaluate(self, global_step, **generate_kwargs):
+        """Upstream's evaluation, except that reward hooks that score evaluation samples (``scores_eval_samples``)
+        set their rewards before upstream's pass@k metrics, and their metrics are logged with an ``eval_`` prefix."""
+        hooks = [h for h in self.experience_maker.reward_hooks if getattr(h, "scores_eval_samples", False)]
+        if not hooks:
+            return super().evaluate(global_step, **generate_kwargs)
+        from openrlhf.trainer.ppo_trainer import compute_eval_metrics
+
+        start = time.time()
+        samples = self.samples_generator.generate_eval_samples(**generate_kwargs)
+        logs = {}
+        if samples:
+            for hook in hooks:
+                logs.update({f"eval_{k}": v for k, v in hook(self.experience_maker, samples).items()})
+            for sample in samples:  # a sample a hook could not score counts as a failure (0) in pass@k
+                if float(sample.info.get("main_valid", torch.ones(1)).flatten()[0]) == 0.0:
+                    sample.rewards = torch.zeros_like(sample.rewards)
+        logs = {**compute_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"]),
+                **logs}
+        if self.wandb_logger:
+            self.wandb_logger.log_eval(global_step, logs)
+        if self.tensorboard_logger:
+            self.tensorboard_logger.log_eval(global_step, logs)
+        logger.info(f"Evaluation at global_step {global_step} took {time.time() - start:.0f}s: {logs}")
+        return logs
 
     def _compute_rollout_stats(self, experiences):
         stats = super()._compute_rollout_stats(experiences)

@@ -16,7 +16,11 @@ sycophancy_judge       helpful_instructions, anthropic_hh_rlhf,                 
                        HuggingFaceH4/helpful-instructions, Anthropic/hh-rlhf
 exact_match            -                                                            ground_truth, numeric (opt.)
 arithmetic             -                                                            ground_truth (integer)
+vrcli_story            -                                                            (scored by ``--vrcli.enable``)
 =====================  ===========================================================  ==============================
+
+``vrcli_story`` rows need a forward pass of the reference model (VR-CLI's likelihood reward): the reward hook of
+``--vrcli.enable`` scores them in the experience maker, and the registry only says so.
 
 Add more with ``register_scorer(name, factory, aliases=...)``; a factory takes the judge (config, client or None).
 """
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openrlhf_classmate.scoring.aio import run_sync
-from openrlhf_classmate.scoring.base import Scorer
+from openrlhf_classmate.scoring.base import BaseScorer, Scorer
 from openrlhf_classmate.scoring.exact_match import ArithmeticScorer, ExactMatchScorer
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
 from openrlhf_classmate.scoring.labels import LabelError, parse_label
@@ -167,6 +171,18 @@ def score_responses(
     return run_sync(ascore_responses(responses, labels, judge=judge))
 
 
+class HookScoredSource(BaseScorer):
+    """A data source that only a reward hook in the experience maker can score; its labels are refused here with
+    the flag that turns the hook on."""
+
+    def __init__(self, name: str, flag: str):
+        self.name, self.flag = name, flag
+
+    def check_label(self, label: Mapping[str, Any]) -> None:
+        raise LabelError(f"rows of this data source are scored in the experience maker: run with {self.flag}",
+                         data_source=self.name, field="data_source")
+
+
 def _register_builtins() -> None:
     register_scorer("gsm8k", lambda judge: Gsm8kScorer(), aliases=("openai/gsm8k",))
     register_scorer("hendrycks_math", lambda judge: MathVerifyScorer("hendrycks_math"),
@@ -183,6 +199,7 @@ def _register_builtins() -> None:
                              "Anthropic/hh-rlhf"))
     register_scorer("exact_match", lambda judge: ExactMatchScorer())
     register_scorer("arithmetic", lambda judge: ArithmeticScorer())
+    register_scorer("vrcli_story", lambda judge: HookScoredSource("vrcli_story", "--vrcli.enable"))
 
 
 _register_builtins()

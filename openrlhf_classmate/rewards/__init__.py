@@ -1,0 +1,1 @@
+"""Main rewards computed in the experience maker (group-level reward hooks), and what they share."""
