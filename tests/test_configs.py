@@ -128,6 +128,8 @@ def test_method_choices_of_the_other_configs(tiny):
     assert darling.algo.advantage.estimator == "dr_grpo" and darling.classmate.main_scorer == "math_verify"
     vrcli = _parse("vrcli", tiny)
     assert vrcli.algo.kl.init_coef > 0 and vrcli.rollout.n_samples_per_prompt == 16  # the generator = ref model
+    assert vrcli.vrcli.enable and vrcli.vrcli.mapping == "ladder" and vrcli.vrcli.baseline == "dataset"
+    assert vrcli.rollout.temperature == 1.0 and vrcli.algo.advantage.estimator == "group_norm"
 
 
 def test_command_line_flags_override_a_config(tiny):

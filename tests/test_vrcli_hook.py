@@ -395,3 +395,73 @@ def test_policy_rows_carry_what_the_hook_needs(world):
     label = world.labels[0]
     assert label["messages"] == policy_messages(story(0, _colour(label))[0])
     assert label["data_source"] == "vrcli_story" and label["ground_truth"].split()[0] in ("red", "green", "blue", "gold")
+
+
+# ── in the experience maker and the evaluation ──
+
+
+class _ActorGroup:
+    """The policy's forward (one rank): log-probs of 0, so only the rewards shape the advantages."""
+
+    def async_run_method_batch(self, method_name, **kwargs):
+        return [[torch.zeros(m.shape) for m in kwargs["action_mask"]]]
+
+    def async_run_method(self, method_name, **kwargs):
+        return [None]
+
+
+def _group_responses(label):
+    c = _colour(label)
+    return [f"In summary: {c} {c}", f"In summary: {_other(c)}", "In summary: the and", "no marker"]
+
+
+def test_the_hook_rewards_reach_upstreams_advantages_through_the_maker(world, fake_ray):
+    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+
+    from openrlhf_classmate.integration import patches
+    from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
+    from openrlhf_classmate.integration.trainer import build_reward_hooks
+
+    patches.install_experience()
+    args = parse_args(_argv(world, "--vrcli.baseline", "online", "--rollout.micro_batch_size", "4"))
+    hooks = build_reward_hooks(args, world.tok)
+    assert [type(h) for h in hooks] == [VrcliRewardHook]
+    maker = ClassmateExperienceMaker(_ActorGroup(), None, None, in_process_reference_group(world.actor),
+                                     FixedKLController(args.algo.kl.init_coef), SimpleNamespace(args=args), world.tok,
+                                     reward_hooks=hooks)
+    labels = world.labels[:2]
+    samples = [_sample(world.tok, label, r) for label in labels for r in _group_responses(label)]
+    experiences = maker.make_experience_batch(samples)
+    advantages = {i: e.advantages[r][e.action_mask[r].bool()] for e in experiences for r, i in enumerate(e.index)}
+    # group_norm over the valid rewards [1, 0, 0] of each group; the response without a plan is masked (0)
+    high, low = (1 - 1 / 3) / (1 / 3) ** 0.5, (0 - 1 / 3) / (1 / 3) ** 0.5
+    for g in range(2):
+        expected = [high, low, low, 0.0]
+        for k in range(4):
+            row = advantages[4 * g + k]
+            assert row.tolist() == pytest.approx([expected[k]] * len(row), abs=1e-4)
+    info = {key: torch.cat([e.info[key] for e in experiences]) for key in experiences[0].info}
+    assert torch.all(info["vrcli/ladder_n_ge_2"] == 2) and torch.all(info["vrcli/invalid"] == 2)
+    assert info["reward"].mean().item() == pytest.approx(1 / 3, abs=1e-6)  # over valid samples only
+    assert info["main_valid"].tolist() == [1, 1, 1, 0] * 2
+
+
+def test_evaluation_scores_eval_samples_with_the_hook(world, fake_ray):
+    from openrlhf_classmate.integration.trainer import ClassmatePPOTrainer, build_reward_hooks
+
+    args = parse_args(_argv(world, "--vrcli.baseline", "online"))
+    labels = world.labels[:2]
+    samples = [_sample(world.tok, label, _group_responses(label)[k]) for label, k in zip(labels, (0, 3))]
+    logged = []
+    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+    trainer.experience_maker = SimpleNamespace(initial_model_group=in_process_reference_group(world.actor),
+                                               reward_hooks=build_reward_hooks(args, world.tok))
+    trainer.samples_generator = SimpleNamespace(generate_eval_samples=lambda **kw: samples)
+    trainer.eval_dataloader = [(["vrcli_story"] * 2, [s.prompts[0] for s in samples], [s.labels[0] for s in samples],
+                                [None, None])]
+    trainer.wandb_logger = None
+    trainer.tensorboard_logger = SimpleNamespace(log_eval=lambda step, logs: logged.append((step, logs)))
+    logs = trainer.evaluate(8, n_samples_per_prompt=1)
+    assert logged == [(8, logs)]
+    assert logs["eval_vrcli_story_pass1"] == pytest.approx(0.5)  # gold plan: 1.0; no plan: a failure, 0
+    assert logs["eval_vrcli/invalid"] == 1 and logs["eval_vrcli/ladder_n_ge_2"] == 1
