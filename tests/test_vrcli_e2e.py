@@ -21,8 +21,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_vrcli_config_trains_two_steps_through_the_launcher(tmp_path):
     gen = build_plan_follower(str(tmp_path / "gen"))
     data = tmp_path / "data"
-    write_story_rows(str(data / "train.jsonl"), 4, seed=1)
-    write_story_rows(str(data / "val.jsonl"), 2, seed=2, split="val")
+    write_story_rows(str(data / "train.jsonl"), 4, seed=1, mention=True)  # the policy copies colours into plans
+    write_story_rows(str(data / "val.jsonl"), 2, seed=2, split="val", mention=True)
     res = subprocess.run([sys.executable, "setup_data/vrcli_baseline_ppl.py", "--model", gen, "--in-place", "--quiet",
                           str(data / "train.jsonl"), str(data / "val.jsonl")], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
