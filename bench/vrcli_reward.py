@@ -58,7 +58,8 @@ def make_model(path: str, preset: str, max_len: int) -> int:
     config = Qwen2Config(**PRESETS[preset], max_position_embeddings=max(4096, max_len), tie_word_embeddings=True,
                          torch_dtype="bfloat16")
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # a 3B random init is minutes on a CPU
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
     build_word_tokenizer([str(i) for i in range(10)]).save_pretrained(path)
     return sum(p.numel() for p in model.parameters())

@@ -59,7 +59,11 @@ def test_vrcli_config_trains_two_steps_through_the_launcher(tmp_path):
         assert tb["train/vrcli/forward_sequences"][step] == 8 - tb["train/vrcli/invalid"][step]
         assert tb["train/vrcli/baseline_forwards"][step] == 0
         assert tb["train/vrcli/reward_forward_time"][step] > 0
-    assert any("improvement_mean" in tag for tag in tb)
+    # plans of copied colours, right and wrong: the rewards vary within groups, so the policy gets a gradient
+    assert any(tb["train/vrcli/ladder_n_ge_2"][s] > 0 for s in (1, 2))
+    assert any(tb["train/vrcli/ladder_n_lt_0.05"][s] > 0 for s in (1, 2))
+    assert tb["train/vrcli/improvement_min"][1] < 0 < tb["train/vrcli/improvement_max"][1]
+    assert any(v != 0 for v in tb["train/policy_loss"].values())
     eval_tags = [t for t in tb if t.startswith("eval") and "vrcli" in t]
     assert any("invalid" in t for t in eval_tags) and any("vrcli_story_pass1" in t for t in tb), sorted(tb)
     change = max_weight_change(model_weights(gen), model_weights(str(root / "final")))
