@@ -1,6 +1,7 @@
-"""bench/vrcli_reward.py at a tiny size on CPU: real Ray, two ZeRO-3 ReferenceModelActor ranks (DeepSpeed on its CPU
-accelerator), both modes; the JSON it writes, and the same NLLs from both modes (which also shows that the lock-step
-padding keeps two ZeRO-3 ranks in step: a rank with a missing forward would hang the run into the timeout)."""
+"""bench/vrcli_reward.py at a tiny size on CPU: real Ray, two ReferenceModelActor ranks under ZeRO-2 and ZeRO-3
+(DeepSpeed on its CPU accelerator), both modes; the JSON it writes, and the same NLLs from both modes (which also
+shows that the lock-step padding keeps two ZeRO-3 ranks in step: a rank with a missing forward would hang the run
+into the timeout)."""
 
 import json
 import os
@@ -13,10 +14,12 @@ pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_vrcli_reward_bench_runs_tiny_on_cpu(tmp_path):
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_vrcli_reward_bench_runs_tiny_on_cpu(tmp_path, zero_stage):
     out = tmp_path / "out"
     cmd = [sys.executable, "bench/vrcli_reward.py", "--preset", "tiny", "--samples", "5", "--seq-len", "48",
-           "--gold-len", "16", "--micro-batch-size", "2", "--ranks", "2", "--zero-stage", "3", "--warmup", "0",
+           "--gold-len", "16", "--micro-batch-size", "2", "--ranks", "2", "--zero-stage", str(zero_stage),
+           "--warmup", "0",
            "--repeats", "1", "--out", str(out)]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
                          env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
@@ -28,5 +31,6 @@ def test_vrcli_reward_bench_runs_tiny_on_cpu(tmp_path):
     assert report["speedup_batched_over_per_sample"] > 0
     assert report["max_abs_nll_difference"] < 2e-2  # bf16 on CPU; padding and batch composition differ
     assert 3.0 < report["mean_nll"] < 9.0  # a random 512-token model: about ln(512) = 6.2
-    assert report["config"]["ranks"] == 2 and report["device"] == "cpu"
+    assert report["config"]["ranks"] == 2 and report["config"]["zero_stage"] == zero_stage
+    assert report["device"] == "cpu"
     assert "speed-up batched / per-sample" in res.stdout

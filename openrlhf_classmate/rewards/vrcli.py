@@ -179,6 +179,8 @@ def validate_vrcli_args(args: SimpleNamespace) -> None:
     if v.baseline == "dataset":
         from openrlhf_classmate.rewards.likelihood import model_checksum
 
+        print(f"vrcli: checksum of the reference model {args.actor.model_name_or_path} (to check the datasets' "
+              "precomputed baselines)", flush=True)
         try:
             v.reference_checksum = model_checksum(args.actor.model_name_or_path)
         except (OSError, ValueError) as e:
