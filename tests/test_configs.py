@@ -132,6 +132,8 @@ def test_method_choices_of_the_other_configs(tiny):
     assert (d.cls_token, d.sep_token, d.max_len, d.short_answer_words) == ("<|im_start|>", "<|im_end|>", 4096, 5)
     vrcli = _parse("vrcli", tiny)
     assert vrcli.algo.kl.init_coef > 0 and vrcli.rollout.n_samples_per_prompt == 16  # the generator = ref model
+    assert vrcli.vrcli.enable and vrcli.vrcli.mapping == "ladder" and vrcli.vrcli.baseline == "dataset"
+    assert vrcli.rollout.temperature == 1.0 and vrcli.algo.advantage.estimator == "group_norm"
 
 
 def test_command_line_flags_override_a_config(tiny):

@@ -4,6 +4,10 @@
 #
 #   train_scripts/vrcli.sh [launcher flags...]
 #
+# Data first: setup_data/vrcli_story.py, then the baseline perplexities with the same MODEL:
+#   python setup_data/vrcli_baseline_ppl.py --model "$MODEL" --in-place data/vrcli_story/*.jsonl
+# (or pass --vrcli.baseline online to compute them during the run).
+#
 # Environment: MODEL (Qwen/Qwen2.5-3B-Instruct), DATA / EVAL_DATA (setup_data/vrcli_story.py's train / val), OUTPUT_DIR
 # (RUNS_DIR/vrcli), VLLM_TP (1; the reference used 2); GPUs, Ray, DRY_RUN: lib.sh.
 set -euo pipefail

@@ -29,6 +29,7 @@ from openrlhf_classmate.integration.classmate_config import (
     validate_classmate_args,
 )
 from openrlhf_classmate.integration.reward_methods import add_reward_method_arguments, validate_reward_method_args
+from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments, validate_vrcli_args
 
 
 class ConfigError(ValueError):
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_classmate_arguments(parser)
     add_reward_method_arguments(parser)
+    add_vrcli_arguments(parser)
     return parser
 
 
@@ -182,4 +184,5 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     args = namespace["args"]
     validate_classmate_args(args)
     validate_reward_method_args(args)
+    validate_vrcli_args(args)
     return args

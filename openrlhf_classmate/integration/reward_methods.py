@@ -158,10 +158,18 @@ def reward_method_env(args: SimpleNamespace) -> dict[str, str]:
     return env
 
 
-def build_reward_hooks(args: SimpleNamespace) -> list:
-    """The experience maker's group-level reward hooks of this run (DARLING when --darling.diversity is set)."""
+def build_reward_hooks(args: SimpleNamespace, tokenizer=None) -> list:
+    """The experience maker's group-level reward hooks of this run: DARLING (``--darling.diversity``) and VR-CLI
+    (``--vrcli.enable``)."""
+    hooks = []
     cfg = darling_config_from_args(args)
-    return [DarlingRewardHook(cfg, args.rollout.n_samples_per_prompt)] if cfg is not None else []
+    if cfg is not None:
+        hooks.append(DarlingRewardHook(cfg, args.rollout.n_samples_per_prompt))
+    if getattr(getattr(args, "vrcli", None), "enable", False):
+        from openrlhf_classmate.rewards.vrcli import build_vrcli_hook
+
+        hooks.append(build_vrcli_hook(args, tokenizer))
+    return hooks
 
 
 def evaluate_with_validation_rewards(samples_generator) -> None:

@@ -16,6 +16,8 @@ we subclass the plain class behind it (``__ray_actor_class__``) and wrap the res
 
 from __future__ import annotations
 
+import time
+
 import ray
 import torch
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
@@ -85,7 +87,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
             classmate_stage=stage,
             classmate_engines=[e for group in self.classmate_engines for e in group],
             colocated=colocated,
-            reward_hooks=build_reward_hooks(args),
+            reward_hooks=build_reward_hooks(args, self.tokenizer),
         )
 
     def train_step(self, rollout_samples, global_step: int):
@@ -142,6 +144,32 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
         self._setup_classmate(classmate_engines, classmate_colocated)
+
+    def evaluate(self, global_step, **generate_kwargs):
+        """Upstream's evaluation, except that reward hooks that score evaluation samples (``scores_eval_samples``)
+        set their rewards before upstream's pass@k metrics, and their metrics are logged with an ``eval_`` prefix."""
+        hooks = [h for h in self.experience_maker.reward_hooks if getattr(h, "scores_eval_samples", False)]
+        if not hooks:
+            return super().evaluate(global_step, **generate_kwargs)
+        from openrlhf.trainer.ppo_trainer import compute_eval_metrics
+
+        start = time.time()
+        samples = self.samples_generator.generate_eval_samples(**generate_kwargs)
+        logs = {}
+        if samples:
+            for hook in hooks:
+                logs.update({f"eval_{k}": v for k, v in hook(self.experience_maker, samples).items()})
+            for sample in samples:  # a sample a hook could not score counts as a failure (0) in pass@k
+                if float(sample.info.get("main_valid", torch.ones(1)).flatten()[0]) == 0.0:
+                    sample.rewards = torch.zeros_like(sample.rewards)
+        logs = {**compute_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"]),
+                **logs}
+        if self.wandb_logger:
+            self.wandb_logger.log_eval(global_step, logs)
+        if self.tensorboard_logger:
+            self.tensorboard_logger.log_eval(global_step, logs)
+        logger.info(f"Evaluation at global_step {global_step} took {time.time() - start:.0f}s: {logs}")
+        return logs
 
 
 # ── async ──

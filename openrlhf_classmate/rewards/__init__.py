@@ -1,1 +1,1 @@
-"""Group-level reward methods that run as reward hooks of the experience maker (DARLING, ...)."""
+"""Main rewards computed in the experience maker (group-level reward hooks: DARLING, VR-CLI), and what they share."""

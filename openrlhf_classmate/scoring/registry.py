@@ -24,10 +24,14 @@ code                   -                                                        
                                                                                     max_execution_time (opt.)
 code_stdio             -                                                            tests ({input, output} pairs),
                                                                                     max_execution_time (opt.)
+vrcli_story            -                                                            (scored by ``--vrcli.enable``)
 =====================  ===========================================================  ==============================
 
 ``code`` and ``code_stdio`` run the answer's last fenced code block in the sandbox service
 (``python -m openrlhf_classmate.sandbox``; see ``scoring/code.py`` for its environment settings).
+
+``vrcli_story`` rows need a forward pass of the reference model (VR-CLI's likelihood reward): the reward hook of
+``--vrcli.enable`` scores them in the experience maker, and the registry only says so.
 
 Add more with ``register_scorer(name, factory, aliases=...)``; a factory takes the judge (config, client or None).
 """
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openrlhf_classmate.scoring.aio import run_sync
-from openrlhf_classmate.scoring.base import Scorer
+from openrlhf_classmate.scoring.base import BaseScorer, Scorer
 from openrlhf_classmate.scoring.code import CodeScorer
 from openrlhf_classmate.scoring.exact_match import ArithmeticScorer, ExactMatchScorer
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
@@ -193,6 +197,18 @@ def score_responses(
     return run_sync(ascore_responses(responses, labels, judge=judge))
 
 
+class HookScoredSource(BaseScorer):
+    """A data source that only a reward hook in the experience maker can score; its labels are refused here with
+    the flag that turns the hook on."""
+
+    def __init__(self, name: str, flag: str):
+        self.name, self.flag = name, flag
+
+    def check_label(self, label: Mapping[str, Any]) -> None:
+        raise LabelError(f"rows of this data source are scored in the experience maker: run with {self.flag}",
+                         data_source=self.name, field="data_source")
+
+
 def _register_builtins() -> None:
     register_scorer("gsm8k", lambda judge: Gsm8kScorer(), aliases=("openai/gsm8k",))
     register_scorer("hendrycks_math", lambda judge: MathVerifyScorer("hendrycks_math"),
@@ -214,6 +230,7 @@ def _register_builtins() -> None:
     register_scorer("arithmetic", lambda judge: ArithmeticScorer())
     register_scorer("code", lambda judge: CodeScorer("code"))
     register_scorer("code_stdio", lambda judge: CodeScorer("code_stdio"))
+    register_scorer("vrcli_story", lambda judge: HookScoredSource("vrcli_story", "--vrcli.enable"))
 
 
 _register_builtins()
