@@ -20,6 +20,10 @@ from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_class
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
 from openrlhf_classmate.algo.spans import cot_mask, think_token_ids, truncate_cot
 
+# vLLM finish reasons of a request that did not complete (client abort, engine-side error): its text is no answer,
+# so the call is masked like a failed score; "stop", "length" and "repetition" are real (possibly cut) answers
+FAILED_FINISH_REASONS = ("abort", "error")
+
 
 class ClassmateInputError(ValueError):
     """A rollout sample cannot be turned into a classmate request (bad label, missing messages)."""
@@ -175,21 +179,24 @@ class ClassmateStage:
 
         texts, score_labels, where = [], [], []
         lengths, finished_at = [], [pending.dispatched_at]
+        reasons = Counter()
         for (i, k, s), out in outputs.items():
             out = out[0]
+            lengths.append(len(out["output_token_ids"]))
+            finished_at.append(out["finished_at"])
+            if out.get("finish_reason") in FAILED_FINISH_REASONS:
+                reasons[f"generation_{out['finish_reason']}"] += 1  # stays invalid: masked, never scored 0
+                continue
             texts.append(self.tokenizers[k].decode(out["output_token_ids"], skip_special_tokens=True))
             label = pending.labels[i]
             if self.cfg.scorer != "auto":
                 label = {**label, "data_source": self.cfg.scorer}
             score_labels.append(label)
             where.append((i, k, s))
-            lengths.append(len(out["output_token_ids"]))
-            finished_at.append(out["finished_at"])
         results = self.score(texts, score_labels) if texts else []
 
         scores = torch.zeros((n, k_models, s_samples), dtype=torch.float64)
         valid = torch.zeros((n, k_models, s_samples), dtype=torch.bool)
-        reasons = Counter()
         for (i, k, s), result in zip(where, results):
             scores[i, k, s] = float(result.score) if result.valid else 0.0
             valid[i, k, s] = bool(result.valid)
