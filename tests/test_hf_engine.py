@@ -132,3 +132,24 @@ def test_top_k_off_samples_from_the_whole_vocabulary(model_dir, monkeypatch):
     assert seen["top_k"] == 0
     asyncio.run(engine.generate([3, 4], SamplingParams(temperature=1.0, top_k=5, max_tokens=2)))
     assert seen["top_k"] == 5
+
+
+def test_min_tokens_holds_eos_back_as_vllm_does(engine):
+    # OpenRLHF's rollout passes min_tokens=1; with min_tokens == max_tokens no stop token can end a response early
+    params = SamplingParams(temperature=1.0, max_tokens=5, min_tokens=5, seed=1)
+
+    async def run():
+        return await asyncio.gather(*(engine.generate([3, 4, 5], params) for _ in range(8)))
+
+    outs = [o.outputs[0] for o in asyncio.run(run())]
+    assert all(len(o.token_ids) == 5 and engine.eos_token_id not in o.token_ids for o in outs)
+    assert {o.finish_reason for o in outs} == {"length"}
+
+
+@pytest.mark.parametrize("kwargs", [{"stop": ["="]}, {"presence_penalty": 0.5}, {"n": 2}, {"ignore_eos": True},
+                                    {"frequency_penalty": -0.2}])
+def test_sampling_options_the_hf_engine_cannot_honour_are_refused(engine, kwargs):
+    params = SamplingParams(temperature=1.0, max_tokens=2, **kwargs)
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"does not support SamplingParams.{name}"):
+        asyncio.run(engine.generate([3, 4], params))
