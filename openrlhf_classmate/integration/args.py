@@ -28,6 +28,7 @@ from openrlhf_classmate.integration.classmate_config import (
     add_classmate_arguments,
     validate_classmate_args,
 )
+from openrlhf_classmate.integration.sampling_checks import check_sampling_args
 
 
 class ConfigError(ValueError):
@@ -175,4 +176,5 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     _exec(post, namespace)
     args = namespace["args"]
     validate_classmate_args(args)
+    check_sampling_args(args)
     return args
