@@ -47,29 +47,33 @@ def _sample(tok, response: str, reward: float):
 
 
 class Engine:
-    """Always answers "answer 3" (correct); the finish reason is scripted per request, in dispatch order."""
+    """Always answers "answer 3" (correct); the finish reason is scripted per request, in dispatch order; answers
+    report finishing ``delay`` seconds after the request."""
 
-    def __init__(self, tok, reasons):
-        self.tok, self.reasons = tok, list(reasons)
+    def __init__(self, tok, reasons, delay=0.0):
+        self.tok, self.reasons, self.delay = tok, list(reasons), delay
         self.generate_responses = SimpleNamespace(remote=self._generate)
 
     def _generate(self, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples):
         ids = self.tok("answer 3", add_special_tokens=False)["input_ids"]
         return [{"output_token_ids": ids, "finish_reason": self.reasons.pop(0), "cot_logprobs": None,
-                 "finished_at": time.time()}]
+                 "finished_at": time.time() + self.delay}]
 
 
-def test_aborted_and_failed_classmate_calls_are_masked_not_scored(world, monkeypatch):
-    monkeypatch.setattr(ray, "get", lambda x: x)
+def _stage_args(world):
     patches.install_experience()
-    args = parse_args([
+    return parse_args([
         "--actor.model_name_or_path", world.policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node",
         "1", "--data.prompt_dataset", "d.jsonl", "--rollout.batch_size", "1", "--rollout.micro_batch_size", "2",
         "--rollout.n_samples_per_prompt", "4", "--vllm.num_engines", "1", "--classmate.model_name_or_path",
         world.classmate, "--classmate.max_new_tokens", "4", "--data.max_len", "40",
     ])
+
+
+def test_aborted_and_failed_classmate_calls_are_masked_not_scored(world, monkeypatch):
+    monkeypatch.setattr(ray, "get", lambda x: x)
     engine = Engine(world.tok, ["stop", "abort", "error", "repetition"])
-    stage = ClassmateStage(args, world.tok, [[engine]], [world.tok])
+    stage = ClassmateStage(_stage_args(world), world.tok, [[engine]], [world.tok])
     samples = [_sample(world.tok, "<think> 1 + 2 = 3 </think> 3", 1.0) for _ in range(4)]
     result = stage.gather(stage.dispatch(samples), torch.ones(4))
     assert result.valid.tolist() == [True, False, False, True]
@@ -77,3 +81,22 @@ def test_aborted_and_failed_classmate_calls_are_masked_not_scored(world, monkeyp
     assert result.metrics["classmate/skip_generation_abort"] == pytest.approx(0.25)
     assert result.metrics["classmate/skip_generation_error"] == pytest.approx(0.25)
     assert result.metrics["classmate/valid_fraction"] == pytest.approx(0.5)
+
+
+def test_the_stage_reports_where_its_time_goes(world, monkeypatch):
+    from openrlhf_classmate.scoring import score_responses
+
+    monkeypatch.setattr(ray, "get", lambda x: x)
+
+    def slow_scorer(texts, labels):
+        time.sleep(0.2)
+        return score_responses(texts, labels)
+
+    stage = ClassmateStage(_stage_args(world), world.tok, [[Engine(world.tok, ["stop"] * 4, delay=0.3)]],
+                           [world.tok], scorer=slow_scorer)
+    samples = [_sample(world.tok, "<think> 1 + 2 = 3 </think> 3", 1.0) for _ in range(4)]
+    result = stage.gather(stage.dispatch(samples), torch.ones(4))
+    m = result.metrics
+    assert m["classmate/score_time"] == pytest.approx(0.2, abs=0.1)
+    assert m["classmate/generation_time"] == pytest.approx(0.3, abs=0.1)  # dispatch -> last answer finished
+    assert 0 < m["classmate/dispatch_time"] < m["classmate/generation_time"]

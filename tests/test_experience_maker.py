@@ -106,6 +106,7 @@ def _maker(args, world, log, colocated=False):
 def upstream_forward(monkeypatch, fake_ray):
     def fake(self, rollout_samples):
         fake_ray.append("actor/ref forward")
+        time.sleep(0.05)  # the forwards take time: the maker logs it (classmate/actor_ref_forward_time)
         experiences = self.split_rollout_samples(rollout_samples)
         for e in experiences:
             e.action_log_probs = torch.zeros(e.action_mask.shape)
@@ -151,6 +152,7 @@ def test_separated_advantages_live_on_the_cot_and_the_stage_overlaps_the_forward
         assert torch.all(exp.info["classmate/valid"] == 1)
         assert torch.all(exp.info["classmate/adv_abs_outside_cot"] == 0)
         assert torch.all(exp.info["classmate/stage_time"] >= exp.info["classmate/stage_overlap_time"])
+        assert torch.all(exp.info["classmate/actor_ref_forward_time"] >= 0.05)
 
 
 def test_colocated_classmate_finishes_and_sleeps_before_the_forwards(world, fake_ray, upstream_forward):

@@ -75,6 +75,7 @@ class PendingClassmate:
     inputs: list[list[ClassmateInput]]  # [K][N]
     refs: dict = field(default_factory=dict)  # (i, k, s) -> ObjectRef
     dispatched_at: float = 0.0
+    dispatch_time: float = 0.0  # building the classmate inputs and sending the requests
 
 
 @dataclass
@@ -168,6 +169,7 @@ class ClassmateStage:
                         prompt=prompt, label=None, sampling_params=self._sampling_params(seed),
                         max_length=self.cfg.max_context, hf_tokenizer=None, num_samples=1,
                     )
+        pending.dispatch_time = time.time() - pending.dispatched_at
         return pending
 
     def gather(self, pending: PendingClassmate, main_rewards: torch.Tensor) -> ClassmateResult:
@@ -193,7 +195,9 @@ class ClassmateStage:
                 label = {**label, "data_source": self.cfg.scorer}
             score_labels.append(label)
             where.append((i, k, s))
+        t_score = time.time()
         results = self.score(texts, score_labels) if texts else []
+        score_time = time.time() - t_score
 
         scores = torch.zeros((n, k_models, s_samples), dtype=torch.float64)
         valid = torch.zeros((n, k_models, s_samples), dtype=torch.bool)
@@ -228,6 +232,10 @@ class ClassmateStage:
             "classmate/output_length": float(np.mean(lengths)) if lengths else 0.0,
             "classmate/cot_length": float(pending.spans.cot_length.float().mean()) if n else 0.0,
             "classmate/has_answer_fraction": float(pending.spans.has_answer.float().mean()) if n else 0.0,
+            # where the stage's time goes (seconds; the step-time benchmark reads these)
+            "classmate/dispatch_time": pending.dispatch_time,
+            "classmate/generation_time": max(finished_at) - pending.dispatched_at,
+            "classmate/score_time": score_time,
         }
         for reason, count in reasons.items():
             metrics[f"classmate/skip_{reason}"] = count / max(total_requests, 1)

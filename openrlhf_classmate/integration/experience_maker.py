@@ -92,6 +92,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                 self._engines_call("sleep")
             stage_time = max(result.finished_at, t_forward) - t_start
             overlap = max(0.0, min(t_forward_end, result.finished_at) - t_forward)
+        result.metrics["classmate/actor_ref_forward_time"] = t_forward_end - t_forward  # for the step-time bench
         self._attach(rollout_samples, experiences, main_rewards, result, stage_time, overlap)
         return experiences
 
