@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend")
     gen.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm backend")
     gen.add_argument("--max-model-len", type=int, default=None, help="vllm backend (default: the model's)")
+    gen.add_argument("--enforce-eager", action="store_true",
+                     help="vllm backend: no CUDA graphs / compilation (faster start, slower decoding)")
     gen.add_argument("--no-chat-template", action="store_true", help="use string prompts as they are")
     gen.add_argument("--chat-template-kwargs", default="{}", help='JSON, e.g. \'{"enable_thinking": true}\'')
     gen.add_argument("--think-open", default="<think>")
@@ -257,7 +259,7 @@ def _score_labels(args, labels: list[dict]) -> list[dict]:
 def _generator(args, factory: Callable, model: str, max_model_len: int | None = None):
     return factory(args.backend, model, batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
                    tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                   max_model_len=max_model_len, progress=not args.quiet)
+                   max_model_len=max_model_len, progress=not args.quiet, enforce_eager=args.enforce_eager)
 
 
 def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:

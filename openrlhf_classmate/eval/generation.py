@@ -80,13 +80,15 @@ class VLLMGenerator:
 
     def __init__(self, model: str, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
                  max_model_len: int | None = None, dtype: str = "auto", seed: int = 0, progress: bool = True,
-                 llm_cls: Callable | None = None):
+                 enforce_eager: bool = False, llm_cls: Callable | None = None):
         if llm_cls is None:
             from vllm import LLM as llm_cls  # noqa: N811
         kwargs = dict(model=model, tensor_parallel_size=tensor_parallel_size,
                       gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed, trust_remote_code=True)
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        if enforce_eager:
+            kwargs["enforce_eager"] = True
         self.llm = llm_cls(**kwargs)
         self.progress = progress
 
@@ -206,10 +208,10 @@ class HFGenerator:
 
 def make_generator(backend: str, model: str, *, batch_size: int = 8, dtype: str = "auto", seed: int = 0,
                    tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
-                   max_model_len: int | None = None, progress: bool = True):
+                   max_model_len: int | None = None, progress: bool = True, enforce_eager: bool = False):
     """A generator for ``model`` on the resolved ``backend`` (``auto``: vLLM when installed, else HF)."""
     if resolve_backend(backend) == "vllm":
         return VLLMGenerator(model, tensor_parallel_size=tensor_parallel_size,
                              gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                             dtype=VLLM_DTYPES[dtype], seed=seed, progress=progress)
+                             dtype=VLLM_DTYPES[dtype], seed=seed, progress=progress, enforce_eager=enforce_eager)
     return HFGenerator(model, batch_size=batch_size, dtype=dtype, progress=progress)

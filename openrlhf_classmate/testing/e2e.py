@@ -14,10 +14,15 @@ from openrlhf_classmate.testing.tiny_models import save_tiny_model
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
 
 
-def build_world(root: str, num_prompts: int = 16, seed: int = 0) -> dict[str, str]:
+def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: int = 32, classmate_hidden: int = 16,
+                num_heads: int = 4) -> dict[str, str]:
+    """The world under ``root``. Real vLLM needs a head dimension its kernels accept (``hidden / num_heads`` a
+    multiple of 8, 32 or more): the GPU runs use ``policy_hidden=classmate_hidden=256`` with 4 heads."""
     os.makedirs(root, exist_ok=True)
-    policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=32, seed=seed)
-    classmate = save_tiny_model(os.path.join(root, "classmate"), WORDS, hidden_size=16, seed=seed + 1)
+    policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=policy_hidden, num_heads=num_heads,
+                             seed=seed)
+    classmate = save_tiny_model(os.path.join(root, "classmate"), WORDS, hidden_size=classmate_hidden,
+                                num_heads=num_heads, seed=seed + 1)
     rng = random.Random(seed)
     data = os.path.join(root, "train.jsonl")
     with open(data, "w", encoding="utf-8") as f:
