@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.scoring.testing_server import serve_in_thread  # noqa: E402
-from openrlhf_classmate.testing.e2e import build_world  # noqa: E402
+from openrlhf_classmate.testing.e2e import TIMEOUT_EXIT, build_world, kill_session  # noqa: E402
 
 VLLM_FINISH_REASONS = {"stop", "length", "repetition", "abort", "error"}
 
@@ -44,12 +44,19 @@ def judge_rows(path: str, n: int = 12) -> str:
 
 def evaluate(name: str, argv: list[str], out_dir: str, timeout: int) -> dict:
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.evaluate", *argv, "--output-dir", out_dir],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    row = {"run": name, "exit": proc.returncode, "wall_s": round(time.time() - t0, 1),
-           "argv": " ".join(argv), "output_tail": (proc.stdout + proc.stderr)[-3000:]}
-    if proc.returncode != 0:
+    proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.evaluate", *argv, "--output-dir", out_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        kill_session(proc)  # evaluate and its vLLM engine-core processes
+        stdout, stderr = proc.communicate()
+        stderr, code = stderr + f"\n(killed after {timeout} s)", TIMEOUT_EXIT
+    row = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "argv": " ".join(argv),
+           "output_tail": (stdout + stderr)[-3000:]}
+    if code != 0:
         row["ok"] = False
         return row
     summary = json.load(open(os.path.join(out_dir, "summary.json")))
@@ -57,7 +64,7 @@ def evaluate(name: str, argv: list[str], out_dir: str, timeout: int) -> dict:
     row.update(summary={k: summary[k] for k in ("backend", "prompts", "samples_per_prompt", "metrics", "elapsed_s")},
                finish_reasons=sorted({r["finish_reason"] for r in records}),
                records=len(records))
-    row["table"] = proc.stdout.strip()
+    row["table"] = stdout.strip()
     return row
 
 
@@ -66,7 +73,13 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_evaluate_out"))
     p.add_argument("--work", default=os.path.join(os.environ.get("WORK", "/tmp"), "gpu_evaluate"))
     p.add_argument("--backend", choices=("vllm", "hf"), default="vllm")
+    p.add_argument("--budget-s", type=float, default=900.0, help="both evaluations must end within this")
     a = p.parse_args()
+    start = time.time()
+
+    def timeout() -> int:
+        return max(30, int(min(420, a.budget_s - (time.time() - start) - 10)))
+
     os.makedirs(a.out, exist_ok=True)
     world = build_world(os.path.join(a.work, "world"), num_prompts=8, policy_hidden=256, classmate_hidden=256)
     data = judge_rows(os.path.join(a.work, "judge.jsonl"))
@@ -78,12 +91,12 @@ def main() -> None:
     with serve_in_thread() as judge:
         judge_argv = common + ["--data", data, "--monitor", "--judge-base-url", judge.base_url, "--samples", "2",
                                "--max-new-tokens", "24", "--classmate-max-new-tokens", "12"]
-        row = evaluate("judge", judge_argv, os.path.join(a.work, "judge_eval"), timeout=420)
+        row = evaluate("judge", judge_argv, os.path.join(a.work, "judge_eval"), timeout=timeout())
         row["judge_requests"] = len(judge.requests)
         rows.append(row)
     sampled_argv = common + ["--data", world["data"], "--temperature", "1.0", "--samples", "4",
                              "--max-new-tokens", "24", "--classmate-max-new-tokens", "12"]
-    rows.append(evaluate("sampled", sampled_argv, os.path.join(a.work, "sampled_eval"), timeout=420))
+    rows.append(evaluate("sampled", sampled_argv, os.path.join(a.work, "sampled_eval"), timeout=timeout()))
 
     for row in rows:
         if row["exit"] != 0:

@@ -131,9 +131,12 @@ def validate(name: str, run: Run, engine: str, work: str, out: str, timeout: int
     latest = open(os.path.join(root, "ckpt", "_actor", "latest")).read().strip()
     change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(root, "hf_final")))
     converted = os.path.join(root, "converted")
-    conv = subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.convert_checkpoint",
-                           os.path.join(root, "ckpt"), converted, "--base-model", world["policy"]],
-                          capture_output=True, text=True, timeout=300)
+    try:
+        conv = subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.convert_checkpoint",
+                               os.path.join(root, "ckpt"), converted, "--base-model", world["policy"]],
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        conv = subprocess.CompletedProcess(e.cmd, 124, stdout=str(e.stdout or ""), stderr="conversion timed out")
     conv_diff = None
     if conv.returncode == 0:
         conv_diff = max_weight_change(model_weights(os.path.join(root, "ckpt", f"{latest}_hf")),
@@ -205,22 +208,22 @@ def _tail(path: str, lines: int) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'run':<26}{'exit':>5}{'wall s':>8}{'steps':>6}{'syncs policy/cm':>18}{'|dW|':>9}{'conv Δ':>9}"
-          f"{'cm stage s':>12}{'overlap s':>11}  ok")
+    print(f"\n{'run':<26}{'exit':>5}{'wall s':>8}{'steps':>6}  {'syncs policy/cm':<18}{'|dW|':>9}{'conv Δ':>9}  "
+          f"{'cm stage s':<17}{'overlap s':<17}ok")
     for r in rows:
         if "skipped" in r:
             print(f"{r['run']:<26}  skipped: {r['skipped']}")
             continue
-        if r["exit"] != 0:
-            print(f"{r['run']:<26}{r['exit']:>5}{r['wall_s']:>8}   failed (see the .log)")
+        if r["exit"] != 0 or "checks" not in r:
+            print(f"{r['run']:<26}{r['exit']!s:>5}{r['wall_s']!s:>8}   failed (see the .log) {r.get('error', '')}")
             continue
         syncs = f"{r['policy_updates']}/{r['classmate_updates']}"
         conv = f"{r['converted_vs_hf_save']:.1e}" if r["converted_vs_hf_save"] is not None else "fail"
         stage = ",".join(f"{v:.2f}" for v in r["classmate_stage_s"])
         overlap = ",".join(f"{v:.2f}" for v in r["classmate_overlap_s"])
         failed = [k for k, v in r["checks"].items() if not v]
-        print(f"{r['run']:<26}{r['exit']:>5}{r['wall_s']:>8}{len(r['steps']):>6}{syncs:>18}"
-              f"{r['weight_change']:>9.1e}{conv:>9}{stage:>12}{overlap:>11}  {r['ok']}"
+        print(f"{r['run']:<26}{r['exit']:>5}{r['wall_s']:>8}{len(r['steps']):>6}  {syncs:<18}"
+              f"{r['weight_change']:>9.1e}{conv:>9}  {stage:<17}{overlap:<17}{r['ok']}"
               + (f"  failed: {'; '.join(failed)}" if failed else ""))
 
 
@@ -261,7 +264,11 @@ def main() -> None:
                 rows.append({"run": name, "skipped": f"{left:.0f} s left of --budget-s, about {run.estimate_s} s "
                              "needed", "ok": False})
             else:
-                row = validate(name, run, engine, a.work, a.out, timeout=int(min(600, left - 30)))
+                try:
+                    row = validate(name, run, engine, a.work, a.out, timeout=int(min(600, left - 30)))
+                except Exception as e:  # noqa: BLE001  (one broken run must not cost the others' results)
+                    row = {"run": name, "exit": "error", "wall_s": None, "ok": False, "error": repr(e)[-2000:],
+                           "log": os.path.join(a.work, f"{name}.launcher.log")}
                 rows.append(row)
                 if row.get("ok"):
                     _write_json(done, row)

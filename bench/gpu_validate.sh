@@ -9,7 +9,7 @@
 #   prepare-bench   build the Qwen2.5-0.5B-shaped random models of the step-time benchmark (CPU work, no run)
 #   stage-vllm-a    first half of the vLLM bundle (.vllm_bundle/a, ../shared/tools/device_vllm/) -> /root/vllm_bundle
 #   install-vllm    second half (.vllm_bundle/b): join, check, install vLLM 0.26.0 into $VLLM_SITE (/root/site)
-#   tests           the vLLM-touching test files against the real vLLM (GPUs hidden: the tests are CPU tests)
+#   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
 #   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
 #   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)
 #   vllm2           bench/gpu_validate.py, two GPUs (share placement across GPUs; ZeRO-3 over both, colocated)
@@ -102,8 +102,8 @@ for step in "${steps[@]}"; do
       python3 bench/step_time.py --prepare-only || status=1 ;;
     tests)
       need_vllm; need_trainer
-      # the real vLLM's Python API under the CPU test suite (CI's conditions: no GPU visible, DeepSpeed on CPU)
-      CUDA_VISIBLE_DEVICES="" timeout "$(left)" python3 -m pytest -q -p no:cacheprovider \
+      # the real vLLM's Python API under the CPU test suite (tests/conftest.py: DeepSpeed on its CPU accelerator)
+      timeout "$(left)" python3 -m pytest -q -p no:cacheprovider \
         tests/test_sampling_params.py tests/test_shims.py tests/test_evaluate.py tests/test_hf_engine.py \
         tests/test_vllm_engine_counter.py tests/test_upstream_pins.py tests/test_trainer.py \
         tests/test_classmate_finish_reasons.py tests/test_launcher_args.py tests/test_experience_maker.py \
@@ -111,7 +111,7 @@ for step in "${steps[@]}"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     evaluate)
       need_vllm
-      timeout "$(left)" python3 bench/gpu_evaluate.py --out "$OUT" || status=1 ;;
+      python3 bench/gpu_evaluate.py --out "$OUT" --budget-s "$(left)" || status=1 ;;
     vllm1|vllm2|hf|validate|vllm1a|vllm1b)
       need_trainer
       case "$step" in

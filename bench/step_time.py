@@ -173,6 +173,14 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     return row
 
 
+def _guarded_run(name: str, a, policy: str, classmate: str | None, data: str, timeout: int) -> dict:
+    try:
+        return run_one(name, a, policy, classmate, data, timeout)
+    except Exception as e:  # noqa: BLE001  (keep the other run's numbers and the JSON)
+        return {"run": name, "exit": "error", "error": repr(e)[-2000:],
+                "log": os.path.join(a.work, f"{name}_{a.gpus}gpu", "launcher.log")}
+
+
 def _tail(path: str, lines: int) -> str:
     try:
         with open(path, errors="replace") as f:
@@ -266,8 +274,8 @@ def main() -> None:
             result["runs"][name] = {"run": name, "exit": None,
                                     "skipped": f"{left:.0f} s left of --budget-s, ~{a.run_estimate_s:.0f} s needed"}
         else:
-            row = run_one(name, a, policy, classmate if name == "gdpo" else None, data,
-                          timeout=int(min(600, left - 10)))
+            row = _guarded_run(name, a, policy, classmate if name == "gdpo" else None, data,
+                               timeout=int(min(600, left - 10)))
             left = a.budget_s - (time.time() - start)
             if (row["exit"] != 0 and a.engine == "vllm" and not a.enforce_eager and not a.no_eager_fallback
                     and not any(r.get("exit") == 0 for r in result["runs"].values())
@@ -276,8 +284,8 @@ def main() -> None:
                 result["eager_fallback"] = {"first_attempt": {k: row[k] for k in ("exit", "wall_s", "log")},
                                             "log_tail": _tail(row["log"], 40)}
                 a.enforce_eager = result["enforce_eager"] = True
-                row = run_one(name, a, policy, classmate if name == "gdpo" else None, data,
-                              timeout=int(min(600, left - 10)))
+                row = _guarded_run(name, a, policy, classmate if name == "gdpo" else None, data,
+                                   timeout=int(min(600, left - 10)))
             result["runs"][name] = row
         grpo, gdpo = result["runs"].get("grpo", {}), result["runs"].get("gdpo", {})
         g = (grpo.get("mean") or {}).get("timing/step_total")

@@ -195,7 +195,7 @@ def test_greedy_with_several_samples_generates_once_and_repeats(world, fake_vllm
 
 
 def test_hf_greedy_with_several_samples_matches_one_greedy_sample(world):
-    gen = generation.HFGenerator(world["policy"], batch_size=2, progress=False)
+    gen = generation.HFGenerator(world["policy"], batch_size=2, progress=False, device="cpu")
     prompts = [[3, 4, 5], [4, 5], [5]]
     many = gen.generate(prompts, GenParams(max_new_tokens=6, temperature=0.0, n=2))
     one = gen.generate(prompts, GenParams(max_new_tokens=6, temperature=0.0, n=1))

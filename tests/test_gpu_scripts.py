@@ -103,3 +103,20 @@ def test_gpu_validate_sh_parses_and_refuses_unknown_steps(tmp_path):
     res = subprocess.run(["bash", "bench/gpu_validate.sh", "evaluate"], cwd=REPO, capture_output=True, text=True,
                          env={**env, "VLLM_SITE": str(tmp_path / "none")}, timeout=120)
     assert res.returncode == 3 and "the machine is fresh" in res.stdout
+
+
+def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path):
+    import time
+
+    from openrlhf_classmate.testing.e2e import TIMEOUT_EXIT, kill_session, run_launcher
+
+    log = tmp_path / "launcher.log"
+    t0 = time.time()
+    assert run_launcher(["--help"], str(log), timeout=0.5) == TIMEOUT_EXIT  # still importing after 0.5 s
+    assert time.time() - t0 < 40 and "killed after 0.5 s (timeout)" in log.read_text()
+    # the session's other processes (Ray's, vLLM's) go too, not only its leader
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300"], start_new_session=True)
+    time.sleep(0.3)
+    kill_session(proc, grace=2)
+    states = subprocess.run(["ps", "-o", "stat=", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert proc.poll() is not None and [s for s in states if not s.startswith("Z")] == []  # zombies: dead, unreaped

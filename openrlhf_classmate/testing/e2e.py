@@ -62,17 +62,47 @@ def launcher_argv(world: dict[str, str], classmate: bool = True, zero_stage: int
     return argv + list(extra or [])
 
 
+TIMEOUT_EXIT = 124
+
+
 def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout: int = 900,
                  env: dict[str, str] | None = None) -> int:
-    """Run the launcher as a subprocess (as a user would), output to ``log_path``; returns the exit code."""
+    """Run the launcher as a subprocess (as a user would), output to ``log_path``; returns the exit code.
+
+    The launcher runs in its own process session; past ``timeout`` seconds the whole session (the launcher, its
+    local Ray cluster, engine processes) is killed, a line saying so is appended to the log, and the result is
+    :data:`TIMEOUT_EXIT` (124, as ``timeout(1)``), so a caller can go on with a clean machine."""
     import subprocess
     import sys
 
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",
            **(env or {})}
     with open(log_path, "w") as log:
-        return subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_session(proc)
+            log.write(f"\n[run_launcher] killed after {timeout} s (timeout)\n")
+            return TIMEOUT_EXIT
+
+
+def kill_session(proc, grace: float = 15.0) -> None:
+    """SIGTERM the process session led by ``proc`` (started with ``start_new_session=True``), then SIGKILL what is
+    left of it after ``grace`` seconds."""
+    import signal
+    import subprocess
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def tensorboard_scalars(tb_dir: str) -> dict[str, dict[int, float]]:
