@@ -130,9 +130,14 @@ def timed(fn, repeats: int, device: str) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def vectorised(estimator, main, cm, groups, resp, cot, token_mode, std_norm, valid):
+    return compute_advantages(estimator, main, cm, groups, resp, cot, token_mode=token_mode,
+                              baseline="group_norm" if std_norm else "dr_grpo", classmate_valid=valid)
+
+
 def compare(label: str, call: tuple, repeats: int, loop_repeats: int, device: str) -> None:
-    compute_advantages(*call)  # warm-up
-    vec_s, vec_out = timed(lambda: compute_advantages(*call), repeats, device)
+    vectorised(*call)  # warm-up
+    vec_s, vec_out = timed(lambda: vectorised(*call), repeats, device)
     loop_s, loop_out = timed(lambda: loop_advantages(*call), loop_repeats, device)
     max_diff = (vec_out["advantages"] - loop_out).abs().max().item()
     assert torch.allclose(vec_out["advantages"], loop_out, rtol=0, atol=1e-5), f"implementations differ: {max_diff}"

@@ -32,8 +32,13 @@ R_CM = torch.tensor([6.0, 2.0, 4.0, 7.0], dtype=F64)
 GROUP = torch.zeros(4, dtype=torch.long)
 
 
+def _base(std_norm: bool) -> str:
+    return "group_norm" if std_norm else "dr_grpo"
+
+
 def _run(estimator, token_mode="classmate_partial", std_norm=False, r_cm=R_CM, **kw):
-    return compute_advantages(estimator, R_MAIN, r_cm, GROUP, V, M, token_mode, std_norm, **kw)
+    return compute_advantages(estimator, R_MAIN, r_cm, GROUP, V, M, token_mode=token_mode, baseline=_base(std_norm),
+                              **kw)
 
 
 def _rows(per_row: list[float], mask: torch.Tensor) -> torch.Tensor:
@@ -58,7 +63,7 @@ def test_section_12_masks_rewards_chain():
     spans = cot_mask(ids, V.long(), o, 101, e)
     assert torch.equal(spans.mask, M)
     reward, ok, _ = combine_classmate_scores(R_CM.view(4, 1, 1), torch.ones(4, 1, 1, dtype=torch.bool), R_MAIN)
-    out = compute_advantages("separated", R_MAIN, reward, GROUP, V, spans.mask, "classmate_partial", False, ok)
+    out = compute_advantages("separated", R_MAIN, reward, GROUP, V, spans.mask, baseline="dr_grpo", classmate_valid=ok)
     _close(out["main_advantages"], _rows([4, -1, -4, 1], V))
 
 
@@ -174,7 +179,7 @@ def test_section_12_2_grpo_w_classmate():
 
 def test_section_12_grpo_reward_sum_and_plain():
     _close(_run("grpo")["advantages"], _rows([5.25, -3.75, -4.75, 3.25], V))
-    plain = compute_advantages("grpo", R_MAIN, None, GROUP, V, M, "all", False)
+    plain = compute_advantages("grpo", R_MAIN, None, GROUP, V, M, token_mode="all", baseline="dr_grpo")
     _close(plain["advantages"], _rows([4, -1, -4, 1], V))
 
 
@@ -258,7 +263,8 @@ CASES = [(e, t, s) for e in ESTIMATORS for t in TOKEN_MODES for s in (False, Tru
 def test_random_batches_match_loop_reference(estimator, token_mode, std_norm):
     for seed in range(3):
         main, cm, groups, resp, cot, ok = _random_batch(seed)
-        out = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode, std_norm, ok, (0.7, 1.3))
+        out = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode=token_mode, baseline=_base(std_norm),
+                                 classmate_valid=ok, weights=(0.7, 1.3))
         ref = _loop_advantages(estimator, main, cm, groups, resp, cot, token_mode, std_norm, ok, (0.7, 1.3))
         torch.testing.assert_close(out["advantages"], ref, rtol=0, atol=1e-9)
 
@@ -266,8 +272,9 @@ def test_random_batches_match_loop_reference(estimator, token_mode, std_norm):
 @pytest.mark.parametrize(("estimator", "token_mode", "std_norm"), CASES)
 def test_properties_on_random_batches(estimator, token_mode, std_norm):
     main, cm, groups, resp, cot, ok = _random_batch(11)
-    args = (groups, resp, cot, token_mode, std_norm, ok)
-    out = compute_advantages(estimator, main, cm, *args)
+    args = (groups, resp, cot)
+    kw = dict(token_mode=token_mode, baseline=_base(std_norm), classmate_valid=ok)
+    out = compute_advantages(estimator, main, cm, *args, **kw)
     tensors = {k: v for k, v in out.items() if v.dim() == 2}
 
     # 0 on padding
@@ -284,18 +291,20 @@ def test_properties_on_random_batches(estimator, token_mode, std_norm):
     shift = torch.zeros_like(main)
     for g, c in zip(groups.unique().tolist(), [3.0, -7.5, 100.0, 0.25, -1.0, 12.0], strict=False):
         shift[groups == g] = c
-    shifted = compute_advantages(estimator, main + shift, cm + 2 * shift, *args)
+    shifted = compute_advantages(estimator, main + shift, cm + 2 * shift, *args, **kw)
     for key, x in out.items():
         torch.testing.assert_close(shifted[key], x, rtol=0, atol=1e-9, msg=key)
 
     # invalid classmate samples do not change anything else: their rewards are never read...
     garbage = torch.where(ok, cm, torch.full_like(cm, float("nan")))
-    for key, x in compute_advantages(estimator, main, garbage, *args).items():
+    for key, x in compute_advantages(estimator, main, garbage, *args, **kw).items():
         assert torch.equal(x, out[key]), key
     # ...and the valid ones' A^c equals that of a batch without the invalid samples
     if estimator != "separated_non_neg":
-        sub = compute_advantages(estimator, main[ok], cm[ok], groups[ok], resp[ok], cot[ok], token_mode, False)
-        full = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode, False, ok)
+        sub = compute_advantages(estimator, main[ok], cm[ok], groups[ok], resp[ok], cot[ok], token_mode=token_mode,
+                                 baseline="dr_grpo")
+        full = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode=token_mode, baseline="dr_grpo",
+                                  classmate_valid=ok)
         torch.testing.assert_close(full["classmate_scalar"][ok], sub["classmate_scalar"], rtol=0, atol=1e-12)
         assert (full["classmate_scalar"][~ok] == 0).all()
 
@@ -307,7 +316,8 @@ def test_group_with_equal_rewards_gets_zero(estimator, std_norm):
     g0 = groups == groups[0]
     main[g0] = 0.1
     cm[g0] = 0.3
-    out = compute_advantages(estimator, main, cm, groups, resp, cot, "all", std_norm, ok)
+    out = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode="all", baseline=_base(std_norm),
+                             classmate_valid=ok)
     assert (out["advantages"][g0] == 0).all()
     assert (out["main_scalar"][g0] == 0).all() and (out["classmate_scalar"][g0] == 0).all()
 
@@ -315,17 +325,17 @@ def test_group_with_equal_rewards_gets_zero(estimator, std_norm):
 def test_group_normalize_direct():
     r = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 5.0])
     g = torch.tensor([7, 7, 7, 3, 3, 9])
-    out = group_normalize(r, g, std_norm=False)
+    out = group_normalize(r, g, baseline="dr_grpo")
     _close(out, [-1, 0, 1, 0, 0, 0])  # the size-1 group 9 gets 0
     assert out.dtype == torch.float32
     normed = group_normalize(r[:5], g[:5], valid=torch.tensor([True, True, False, True, True]))
     _close(normed, [-0.5 / (math.sqrt(0.5) + 1e-6), 0.5 / (math.sqrt(0.5) + 1e-6), 0, 0, 0])
     with pytest.raises(ValueError, match="group_index"):
-        group_normalize(r, g, std_norm=True)
+        group_normalize(r, g, baseline="group_norm")
 
 
 def test_integer_rewards_and_float32_output():
-    out = compute_advantages("gdpo", R_MAIN.long(), R_CM.long(), GROUP, V, M, "classmate_partial", False)
+    out = compute_advantages("gdpo", R_MAIN.long(), R_CM.long(), GROUP, V, M, baseline="dr_grpo")
     assert out["advantages"].dtype == torch.float32
     torch.testing.assert_close(out["advantages"].double(), _run("gdpo")["advantages"], rtol=0, atol=1e-6)
 
@@ -344,7 +354,7 @@ def test_bad_input_raises_naming_the_argument():
         response_mask=V,
         cot_mask=M,
         token_mode="classmate_partial",
-        std_norm=True,
+        baseline="group_norm",
     )
 
     def call(**over):
@@ -381,7 +391,7 @@ def test_bad_input_raises_naming_the_argument():
                 assert (x[~V] == 0).all(), (estimator, key)
     nan_invalid = torch.tensor([1.0, float("nan"), 2.0, 3.0], dtype=F64)
     call(classmate_rewards=nan_invalid, classmate_valid=torch.tensor([True, False, True, True]))
-    out = call(group_index=torch.tensor([0, 0, 0, 1]), std_norm=False)
+    out = call(group_index=torch.tensor([0, 0, 0, 1]), baseline="dr_grpo")
     assert (out["main_scalar"][3] == 0).item()
 
 

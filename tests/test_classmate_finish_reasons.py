@@ -84,13 +84,14 @@ def test_aborted_and_failed_classmate_calls_are_masked_not_scored(world, monkeyp
 
 
 def test_the_stage_reports_where_its_time_goes(world, monkeypatch):
-    from openrlhf_classmate.scoring import score_responses
+    from openrlhf_classmate.integration.classmate_scoring import registry_scorer
 
     monkeypatch.setattr(ray, "get", lambda x: x)
+    registry = registry_scorer()
 
-    def slow_scorer(texts, labels):
+    def slow_scorer(answers):
         time.sleep(0.2)
-        return score_responses(texts, labels)
+        return registry(answers)
 
     stage = ClassmateStage(_stage_args(world), world.tok, [[Engine(world.tok, ["stop"] * 4, delay=0.3)]],
                            [world.tok], scorer=slow_scorer)

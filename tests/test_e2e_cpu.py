@@ -90,7 +90,7 @@ def test_reference_reproduction_loss_under_zero3(tmp_path):
     no std norm, ZeRO-3 (the HF-engine weight sync gathers the partitioned parameters)."""
     world = build_world(str(tmp_path / "world"))
     extra = ["--classmate.loss", "vanilla_classmate", "--classmate.prompt_mode", "splice",
-             "--classmate.loss_agg_mode", "seq-mean-token-sum-norm", "--algo.advantage.no_std_norm"]
+             "--classmate.loss_agg_mode", "seq-mean-token-sum-norm", "--algo.advantage.estimator", "dr_grpo"]
     _launch(launcher_argv(world, zero_stage=3, extra=extra), str(tmp_path / "run.log"))
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
         assert json.load(f) == {"policy": [2], "classmate": [0]}
@@ -100,3 +100,20 @@ def test_reference_reproduction_loss_under_zero3(tmp_path):
     assert set(tb["train/classmate/loss"]) == {1, 2} and "train/classmate/classmate_loss" not in tb
     change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(world["root"], "hf_final")))
     assert change > 1e-4
+
+
+def test_kl_in_reward_and_overlong_penalty_reach_a_classmate_run(tmp_path):
+    """Upstream's default KL mode (KL folded into the reward, no --algo.kl.use_loss) and DAPO's overlong penalty
+    through the launcher: both show up in what the main stream is trained on (issue 11)."""
+    world = build_world(str(tmp_path / "world"))
+    argv = [a for a in launcher_argv(world, estimator="gdpo") if a != "--algo.kl.use_loss"]
+    argv += ["--algo.kl.init_coef", "0.05", "--algo.kl.estimator", "k1", "--reward.overlong_buffer_len", "12",
+             "--reward.overlong_penalty_factor", "1.0"]
+    _launch(argv, str(tmp_path / "run.log"))
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
+    assert set(tb["train/classmate/main_kl_return"]) == {1, 2}
+    assert any(v != 0.0 for v in tb["train/classmate/main_kl_return"].values())  # the KL return is trained on
+    penalties = tb["train/classmate/main_length_penalty"].values()
+    assert all(-1.0 <= v <= 0.0 for v in penalties) and any(v < 0 for v in penalties)  # max_new_tokens 16, buffer 12
+    with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
+        assert json.load(f) == {"policy": [2], "classmate": [0]}

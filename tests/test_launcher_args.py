@@ -164,3 +164,45 @@ def test_splice_needs_identical_vocabularies(tmp_path):
     assert f"--classmate.prompt_mode splice with classmate {other}" in message
     assert "identical vocabularies" in message and "retokenize" in message
     assert os.path.isdir(other)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--algo.advantage.estimator", "gae"], "--algo.advantage.estimator gae needs a critic"),
+        (["--algo.advantage.estimator", "reinforce"], "use reinforce_baseline"),
+        (["--algo.advantage.estimator", "flash_reinforce"], "use group_norm, dr_grpo or rloo"),
+        (["--algo.advantage.no_std_norm"], "use --algo.advantage.estimator dr_grpo"),
+        (["--algo.advantage.estimator", "rloo", "--algo.advantage.no_std_norm"], "no effect with"),
+        (["--algo.advantage.gamma", "0.9"], "drop --algo.advantage.gamma"),
+        (["--algo.advantage.lambd", "0.95"], "--algo.advantage.lambd 0.95 is GAE's"),
+        (["--reward.normalize_enable"], "drop --reward.normalize_enable"),
+        (["--actor.policy_loss_type", "gspo", "--classmate.loss_agg_mode", "seq-mean-token-sum-norm"],
+         "drop --classmate.loss_agg_mode seq-mean-token-sum-norm"),
+        (["--actor.policy_loss_type", "gspo", "--classmate.estimator", "separated", "--classmate.loss",
+          "vanilla_classmate", "--classmate.prompt_mode", "splice"], "use --classmate.loss separated with gspo"),
+        (["--train.agent_func_path", "agent.py"], "set --classmate.scorer"),
+    ],
+)
+def test_upstream_options_without_a_meaning_in_a_classmate_run_are_refused_naming_both(extra, message, tmp_path):
+    tok = _save_tokenizer(tmp_path / "tok", ["a"])
+    argv = [a if a not in ("policy", "classmate") else tok for a in BASE + CLASSMATE]
+    text = _error(argv + extra)
+    assert message in text and text.startswith("error: ") and "\n" not in text
+
+
+def test_upstream_options_honoured_in_a_classmate_run_parse():
+    args = parse_args(BASE + CLASSMATE + [
+        "--algo.advantage.estimator", "reinforce_baseline", "--algo.advantage.no_std_norm",
+        "--reward.overlong_buffer_len", "64", "--reward.stop_properly_penalty_coef", "0.5",
+        "--reward.clip_range", "-1", "1", "--algo.kl.init_coef", "0.01", "--actor.policy_loss_type", "gspo",
+        "--algo.advantage.is_correction_level", "seq", "--classmate.loss_agg_mode", "seq-mean-token-mean"])
+    assert args.algo.advantage.estimator == "reinforce_baseline"
+    assert args.actor.loss_agg_mode == "seq-mean-token-mean"  # --classmate.loss_agg_mode reaches upstream's loss
+    default = parse_args(BASE + CLASSMATE)
+    assert default.algo.advantage.estimator == "group_norm" and default.classmate.estimator == "gdpo"
+
+
+def test_classmate_scorer_without_a_classmate_points_to_main_scorer():
+    assert "--classmate.main_scorer" in _error(BASE + ["--classmate.scorer", "math_verify"])
+    assert parse_args(BASE + ["--classmate.main_scorer", "math_verify"]).classmate.main_scorer == "math_verify"

@@ -195,6 +195,105 @@ def test_separated_is_the_sum_of_two_clipped_terms():
     assert stats["main_clip_ratio"].item() == clip_ratio.item()
 
 
+# Every ratio / rollout-correction option of upstream's PolicyLoss, in both terms (issue 11, item 2).
+IS_OPTIONS = [
+    dict(policy_loss_type=t, is_correction_level=level, is_correction_mode=mode, is_correction_gating=gating,
+         is_correction_threshold=threshold)
+    for t in ("ppo", "gspo")
+    for level in ("off", "token", "seq")
+    for mode, gating, threshold in (("mask", "ratio", (0.8, 1.25)), ("clip", "ratio", (0.8, 1.25)),
+                                    ("mask", "binary_kl", (0.0, 0.02)), ("mask", "tv", (0.0, 0.1)))
+    if not (mode == "clip" and level == "seq")
+    if level != "off" or (mode, gating) == ("mask", "ratio")
+]
+
+
+def _rollout_inputs(seed: int):
+    lp, old, adv, mask = _random_inputs(seed, batch=6, width=9)
+    gen = torch.Generator().manual_seed(seed + 100)
+    rollout = old + torch.randn(old.shape, generator=gen) * 0.25  # vLLM's log-probs differ from the trainer's
+    cm_adv = torch.randn(adv.shape, generator=gen) * mask
+    return lp, old, adv, mask, rollout, cm_adv
+
+
+def _option_id(o):
+    return f"{o['policy_loss_type']}-{o['is_correction_level']}-{o['is_correction_mode']}-{o['is_correction_gating']}"
+
+
+@pytest.mark.parametrize("options", IS_OPTIONS, ids=_option_id)
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_separated_honours_gspo_and_is_correction_exactly_as_upstream_in_both_terms(options, dual_clip):
+    lp, old, adv, mask, rollout, cm_adv = _rollout_inputs(3)
+    info = dict(dp_size=2, batch_num_tokens=torch.tensor(40.0), global_batch_size=torch.tensor(9.0))
+    main_ref = PolicyLoss(0.2, 0.28, dual_clip=dual_clip, **options)
+    cm_ref = PolicyLoss(0.4, 0.4, dual_clip=dual_clip, **options)
+    ours = SeparatedPolicyLoss(0.2, 0.28, dual_clip=dual_clip, classmate_clip_eps_low=0.4, classmate_clip_eps_high=0.4,
+                               classmate_dual_clip=dual_clip, **options)
+    call = dict(action_mask=mask, rollout_log_probs=rollout, **info)
+    main_out = main_ref(lp, old, adv, **call)
+    cm_out = cm_ref(lp, old, cm_adv, **call)
+    out = ours(lp, old, adv, **call, classmate_advantages=cm_adv)
+    torch.testing.assert_close(out[0], main_out[0] + cm_out[0], rtol=0, atol=1e-6)
+    (grad,) = torch.autograd.grad(out[0], lp)
+    (ref_grad,) = torch.autograd.grad(main_out[0] + cm_out[0], lp)
+    torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-6)
+    assert torch.equal(out[1], main_out[1]) and torch.equal(out[2], main_out[2])
+    for ours_stat, ref_stat in zip(out[3:], main_out[3:]):
+        assert (ours_stat is None) == (ref_stat is None)
+        if ref_stat is not None:
+            torch.testing.assert_close(ours_stat, ref_stat, rtol=0, atol=1e-7)
+    # the option is live: the same call with it turned off gives another loss
+    plain = SeparatedPolicyLoss(0.2, 0.28, dual_clip=dual_clip, classmate_clip_eps_low=0.4,
+                                classmate_clip_eps_high=0.4, classmate_dual_clip=dual_clip)
+    if options["policy_loss_type"] != "ppo" or options["is_correction_level"] != "off":
+        assert not torch.allclose(plain(lp, old, adv, **call, classmate_advantages=cm_adv)[0], out[0])
+
+
+def test_separated_is_weight_scales_both_terms_by_upstreams_truncated_weight():
+    lp, old, adv, mask, rollout, cm_adv = _rollout_inputs(4)
+    options = dict(is_correction_level="token", is_correction_mode="clip", is_correction_threshold=(0.8, 1.25))
+    ours = SeparatedPolicyLoss(**options)
+    plain = SeparatedPolicyLoss()
+    weight = (old - rollout).exp().clamp(0.8, 1.25)
+    assert ((weight == 0.8) | (weight == 1.25)).any() and ((weight > 0.8) & (weight < 1.25)).any()
+    torch.testing.assert_close(
+        ours.token_loss(lp, old, adv, cm_adv, mask, rollout), weight * plain.token_loss(lp, old, adv, cm_adv),
+        rtol=0, atol=1e-7,
+    )
+
+
+def test_vanilla_applies_the_is_weight_to_the_whole_two_ratio_token_loss():
+    rollout = OLD + torch.tensor([[0.3] * 8, [-0.05] * 8], dtype=F64)  # row 0 outside the band, row 1 inside
+    options = dict(is_correction_level="seq", is_correction_mode="mask", is_correction_threshold=(0.8, 1.25))
+    corrected = VanillaClassmatePolicyLoss(**options)
+    lp = _log_probs()
+    tok = corrected.token_loss(lp, OLD, A_MAIN, A_CM, OLD + DELTA_C, COT, ACTION_MASK, rollout)
+    expected = torch.tensor(EXPECTED_L, dtype=F64) * torch.tensor([[0.0], [0.05]], dtype=F64).exp() * torch.tensor(
+        [[0.0], [1.0]], dtype=F64)
+    torch.testing.assert_close(tok.detach(), expected, **TOL)
+    loss, _, _, vllm_kl, filter_ratio = _vanilla_call_with(corrected, lp, rollout)
+    assert filter_ratio.item() == 0.5  # one of the two sequences dropped
+    assert vllm_kl.item() == pytest.approx((0.3 * 8 - 0.05 * 8) / 16, abs=1e-12)
+    assert loss.item() == pytest.approx(float(expected.sum()) / 8, abs=1e-6)
+    with pytest.raises(ValueError, match="gspo"):
+        VanillaClassmatePolicyLoss(policy_loss_type="gspo")
+    with pytest.raises(ValueError, match="needs rollout_log_probs"):
+        _vanilla_call_with(corrected, lp, None)
+
+
+def _vanilla_call_with(loss_fn, log_probs, rollout):
+    return loss_fn(log_probs, OLD, A_MAIN, action_mask=ACTION_MASK, rollout_log_probs=rollout,
+                   classmate_advantages=A_CM, classmate_log_probs=OLD + DELTA_C, cot_mask=COT)
+
+
+def test_gspo_forces_the_sequence_mean_and_refuses_the_reference_aggregation():
+    assert SeparatedPolicyLoss(policy_loss_type="gspo").loss_agg_mode == "seq-mean-token-mean"
+    with pytest.raises(ValueError, match="gspo"):
+        SeparatedPolicyLoss(policy_loss_type="gspo", loss_agg_mode="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="is_correction_mode=clip requires"):
+        SeparatedPolicyLoss(is_correction_level="seq", is_correction_mode="clip")
+
+
 def test_separated_classmate_dual_clip():
     lp = torch.tensor([[2.0]], dtype=F64, requires_grad=True)  # r = e^2, far above the clip range
     old = torch.zeros(1, 1, dtype=F64)

@@ -190,3 +190,42 @@ def test_truncation_errors():
         truncate_cot(spans, "random_truncate", 0.9, 0.1, torch.Generator())
     with pytest.raises(ValueError, match="unknown truncation mode 'random'"):
         truncate_cot(spans, "random")
+
+
+def test_prompt_opens_think_reads_the_last_tag_on_token_ids():
+    from openrlhf_classmate.algo.spans import prompt_opens_think
+
+    o, c = 100, 101
+    assert prompt_opens_think([5, 6, o, 3], o, c)  # "...<|assistant|>\n<think>\n"
+    assert not prompt_opens_think([5, 6, 3], o, c)
+    assert not prompt_opens_think([o, 3, c, 5, 6], o, c)  # an earlier turn's closed think block
+    assert prompt_opens_think([o, 3, c, 5, o, 7], o, c)
+    assert prompt_opens_think(torch.tensor([1, o]), o, c)
+
+
+def test_starts_in_think_rows_start_the_cot_at_the_response():
+    o, c, e = 100, 101, 2
+    ids = torch.tensor([[7, 8, c, 9, e], [o, 7, c, 9, e]])
+    spans = cot_mask(ids, torch.ones_like(ids), o, c, e, starts_in_think=torch.tensor([True, False]))
+    assert spans.mask.tolist() == [[1, 1, 0, 0, 0], [0, 1, 0, 0, 0]]
+    assert spans.has_answer.tolist() == [True, True]
+    without = cot_mask(ids, torch.ones_like(ids), o, c, e)
+    assert without.mask[0].tolist() == [1, 1, 1, 1, 0] and not without.has_answer[0]  # the answer would leak
+
+
+def test_training_and_evaluation_agree_on_a_template_that_opens_think():
+    from openrlhf_classmate.cli.evaluate import Row, render_prompts, split_response
+    from openrlhf_classmate.testing.tokenizers import build_word_tokenizer, default_chat_template
+
+    tok = build_word_tokenizer(["1", "2", "3", "+", "="], chat_template=default_chat_template(think_in_template=True))
+    open_id, close_id = think_token_ids(tok)
+    rows = [Row(messages=[{"role": "user", "content": "1 + 2 ="}], label={})]
+    prompt_ids, opened = render_prompts(tok, rows, True, {}, (open_id, close_id))
+    assert opened == [True]
+    response = tok.encode("1 + 2 = 3 </think> 3", add_special_tokens=False) + [tok.eos_token_id]
+    split = split_response(response, tok, open_id, close_id, opened[0], tok.eos_token_id)
+    spans = cot_mask(torch.tensor([response]), torch.ones(1, len(response)), open_id, close_id, tok.eos_token_id,
+                     starts_in_think=torch.tensor(opened))
+    cot_ids = [t for t, m in zip(response, spans.mask[0].tolist()) if m]
+    assert split["cot_ids"] == cot_ids == tok.encode("1 + 2 = 3", add_special_tokens=False)
+    assert split["answer"] == "3"

@@ -132,3 +132,33 @@ def test_engines_sharing_a_gpu_start_one_group_at_a_time(monkeypatch):
 def test_engines_on_their_own_gpus_start_concurrently(monkeypatch):
     assert _factory_log(monkeypatch, "separate") == [
         "create policy pg=policy-pg", "create a pg=None", "create b pg=None"]
+
+
+def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monkeypatch):
+    import pytest
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+
+    from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
+    from openrlhf_classmate.integration.trainer import TrainingStopped
+
+    calls = []
+
+    def fake_step(self, rollout_samples, global_step):
+        calls.append(rollout_samples)
+        if rollout_samples == "bad":
+            raise AllScoresInvalidError("all 8 main scores of this rollout batch are invalid")
+        return {"reward": 1.0}, global_step + 1
+
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", fake_step)
+    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+    trainer.args = SimpleNamespace(classmate=SimpleNamespace(stop_after_invalid_steps=3))
+    assert trainer.train_step("bad", 0) == ({"skipped_invalid_step": 1.0}, 1)
+    assert trainer.train_step("bad", 1) == ({"skipped_invalid_step": 1.0}, 2)
+    with pytest.raises(TrainingStopped, match="in each of the first 3 steps.*stop_after_invalid_steps"):
+        trainer.train_step("bad", 2)
+    # once a step had valid scores, later all-invalid steps are skipped, never fatal
+    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+    trainer.args = SimpleNamespace(classmate=SimpleNamespace(stop_after_invalid_steps=1))
+    assert trainer.train_step("good", 0) == ({"reward": 1.0, "skipped_invalid_step": 0.0}, 1)
+    for step in range(1, 5):
+        assert trainer.train_step("bad", step)[0] == {"skipped_invalid_step": 1.0}

@@ -1,33 +1,45 @@
 """Group-normalised advantages for the classmate estimators (classmate_method.md §5, §12.2, §13, §14.1).
 
 Notation (per response i of a prompt group g): R^m = main reward, R^c = classmate reward, v = response mask,
-m = CoT mask (only its valid tokens are used: m := m ∧ v), ok = classmate validity. Padding always gets 0.
+m = CoT mask (only its valid tokens are used: m := m ∧ v), ok^m / ok^c = validity of the main / classmate score
+(a failed score is *invalid*, never 0). Padding always gets 0.
 
-Group normaliser (§5.1), per group over the group's *valid* entries:
+Per-stream baseline ``b(R)``, per group over the group's *valid* entries (n_g of them), named after the OpenRLHF
+``--algo.advantage.estimator`` whose baseline it is, with the same formula:
 
-    μ_g = mean, σ_g = unbiased std (divide by n_g - 1)
-    A_i = (R_i - μ_g) / (σ_g + ε)   if std_norm   else   R_i - μ_g
+    group_norm           (R_i - μ_g) / (σ_g + ε)        μ_g mean, σ_g unbiased std (n_g - 1)
+    dr_grpo              R_i - μ_g
+    rloo                 R_i - mean_{j ≠ i} R_j  =  n_g / (n_g - 1) · (R_i - μ_g)
+    reinforce_baseline   R_i - μ_g, then the token advantages are whitened (below)
 
-An entry that is invalid, or whose group has fewer than 2 valid entries, gets A = 0 (it "has no advantage" for that
+An entry that is invalid, or whose group has fewer than 2 valid entries, gets b = 0 (it "has no advantage" for that
 stream) and never enters the statistics. A group whose valid rewards are all equal gets exactly 0.
 
-With A^m = groupnorm(R^m), A^c = groupnorm(R^c over ok):
+With A^m = clip(b(R^m over ok^m)) (``main_clip``: upstream's ``--reward.clip_range``, applied to the post-baseline
+scalar as upstream does) and A^c = b(R^c over ok^c):
 
-    grpo              groupnorm(R^m + R^c) · v                         (reward-sum baseline; R^c = 0 → plain GRPO)
-    grpo_w_classmate  A^comb = groupnorm(R^m + R^c);  A^comb on m, A^m on v - m   (classmate_partial)
-                                                      A^comb · v                  (all)
-    gdpo              S = w_m A^m + w_c A^c, batch-normalised S_bn = (S - mean S) / (std S + ε) over all B
-                      responses (unbiased std);
+    grpo              A^comb · v,   A^comb = clip(b(R^m + R^c))      (reward-sum baseline; R^c = 0 → plain GRPO)
+    grpo_w_classmate  A^comb on m, A^m on v - m   (classmate_partial);   A^comb · v   (all)
+    gdpo              S = w_m A^m + w_c A^c, batch-normalised S_bn = (S - mean S) / (std S + ε) over the responses
+                      with at least one valid score (unbiased std);
                       S_bn on m, A^m on v - m (classmate_partial) or S_bn · v (all)
     gdpo_wo_bn        the same with S instead of S_bn
     separated         main_advantages = A^m · v;  classmate_advantages = A^c · m (classmate_partial) or A^c · v
                       (all); advantages = their sum
     separated_non_neg the same with A^c := max(A^c, 0)
 
-Classmate-invalid responses: A^c = 0 for them. For the combined stream A^comb (grpo, grpo_w_classmate) the invalid
-responses are left out of the statistics, and every response without a defined A^comb (invalid, or fewer than 2
-valid entries in its group) uses A^m instead: it is trained as plain GRPO, since it has no classmate signal.
-With ``classmate_valid=None`` every response is valid and the formulas are exactly those above.
+A^comb is defined where both scores are valid (and 2+ such entries in the group); elsewhere the response uses A^m
+(trained as plain GRPO: it has no classmate signal).
+
+Then, in upstream's order:
+
+* ``kl_return`` [B, T] (KL in the reward: upstream's per-token return of -β·KL, Σ_{s ≥ t} -β KL_s) is added to the
+  main-stream tokens: to ``advantages`` for the single-advantage estimators, to ``main_advantages`` (and the sum)
+  for the separated ones. It does not depend on any score, so it also applies to responses with an invalid score.
+* ``whiten`` (``reinforce_baseline``: "mean_std", or "mean" with ``--algo.advantage.no_std_norm``): upstream's batch
+  whitening x → (x - μ) / sqrt(max(σ², 1e-8)) (biased σ, over tokens), per advantage tensor over the tokens it
+  trains (the separated classmate stream over its own token mask), of responses with a valid score in that stream.
+  Responses with no valid score keep 0.
 
 Everything is vectorised with segment sums (``index_add``, ``scatter_reduce``) over ``torch.unique`` group ids; statistics are
 computed in float64 and the outputs are cast to the dtype of ``main_rewards`` (float32 for integer input).
@@ -41,6 +53,9 @@ import torch
 
 ESTIMATORS = ("grpo", "grpo_w_classmate", "gdpo", "gdpo_wo_bn", "separated", "separated_non_neg")
 TOKEN_MODES = ("classmate_partial", "all")
+BASELINES = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
+WHITENING = ("mean", "mean_std")
+SEPARATED = ("separated", "separated_non_neg")
 
 
 def _group_ids(group_index: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -49,14 +64,14 @@ def _group_ids(group_index: torch.Tensor) -> tuple[torch.Tensor, int]:
     return inverse, int(uniq.numel())
 
 
-def _check_group_sizes(inverse: torch.Tensor, num_groups: int, std_norm: bool) -> None:
-    if not std_norm:
+def _check_group_sizes(inverse: torch.Tensor, num_groups: int, baseline: str) -> None:
+    if baseline not in ("group_norm", "rloo"):
         return
     sizes = torch.bincount(inverse, minlength=num_groups)
     if (sizes < 2).any():
         raise ValueError(
             f"group_index has {int((sizes < 2).sum())} group(s) of size 1; a group needs at least 2 responses "
-            f"for std normalisation (std_norm=True)"
+            f"for the {baseline} baseline"
         )
 
 
@@ -81,17 +96,16 @@ def group_std(values: torch.Tensor, group_index: torch.Tensor, valid: torch.Tens
     return torch.where(n >= 2, var.sqrt(), 0.0).index_select(0, inverse).to(_out_dtype(values))
 
 
-def _group_norm(
+def _baseline(
     values: torch.Tensor,
     inverse: torch.Tensor,
     num_groups: int,
     valid: torch.Tensor,
-    std_norm: bool,
+    baseline: str,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A [B] float64, defined [B] bool): segment mean / unbiased std over valid entries (module docstring)."""
+    """(b [B] float64, defined [B] bool): the per-group baseline of the module docstring over valid entries."""
     values = torch.where(valid, values, 0.0)
-    zeros = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
 
     def per_sample(per_group: torch.Tensor) -> torch.Tensor:
         return per_group.index_select(0, inverse)  # much cheaper than advanced indexing per_group[inverse]
@@ -99,11 +113,18 @@ def _group_norm(
     n, centred, var = _segment_stats(values, inverse, num_groups, valid)
     # Exact zeros for constant groups (the floating-point mean may differ from the common value by an ulp).
     big = torch.finfo(values.dtype).max
-    gmax = torch.full_like(zeros, -big).scatter_reduce(0, inverse, torch.where(valid, values, -big), "amax")
-    gmin = torch.full_like(zeros, big).scatter_reduce(0, inverse, torch.where(valid, values, big), "amin")
+    start = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    gmax = torch.full_like(start, -big).scatter_reduce(0, inverse, torch.where(valid, values, -big), "amax")
+    gmin = torch.full_like(start, big).scatter_reduce(0, inverse, torch.where(valid, values, big), "amin")
     defined = valid & (per_sample(n) >= 2)
     centred = torch.where(per_sample(gmax == gmin), 0.0, centred)
-    adv = centred / (per_sample(var.sqrt()) + eps) if std_norm else centred
+    if baseline == "group_norm":
+        adv = centred / (per_sample(var.sqrt()) + eps)
+    elif baseline == "rloo":
+        n_i = per_sample(n)
+        adv = centred * n_i / (n_i - 1).clamp(min=1)
+    else:  # dr_grpo, reinforce_baseline
+        adv = centred
     return torch.where(defined, adv, 0.0), defined
 
 
@@ -127,18 +148,25 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.float32
 
 
+def _check_baseline(baseline: str) -> None:
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; expected one of {BASELINES}")
+
+
 def group_normalize(
     rewards: torch.Tensor,
     group_index: torch.Tensor,
     valid: torch.Tensor | None = None,
-    std_norm: bool = True,
+    *,
+    baseline: str = "group_norm",
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Per-group normalised rewards [B] (module docstring); invalid entries get 0.
+    """Per-group baseline ``b(R)`` [B] of the module docstring; invalid entries get 0.
 
-    Raises ValueError for group sizes of 1 with ``std_norm`` (counting all entries, valid or not) and for
-    non-finite rewards at valid entries.
+    Raises ValueError for group sizes of 1 with ``group_norm`` / ``rloo`` (counting all entries, valid or not) and
+    for non-finite rewards at valid entries.
     """
+    _check_baseline(baseline)
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     batch = rewards.shape[0]
@@ -147,8 +175,8 @@ def group_normalize(
     ok = ok.bool()
     _check_finite("rewards", rewards, ok)
     inverse, num_groups = _group_ids(group_index)
-    _check_group_sizes(inverse, num_groups, std_norm)
-    adv, _ = _group_norm(rewards.double(), inverse, num_groups, ok, std_norm, eps)
+    _check_group_sizes(inverse, num_groups, baseline)
+    adv, _ = _baseline(rewards.double(), inverse, num_groups, ok, baseline, eps)
     return adv.to(_out_dtype(rewards))
 
 
@@ -164,6 +192,19 @@ def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, scalar.unsqueeze(1), scalar.new_zeros(()))
 
 
+def whiten_tokens(advantages: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Upstream's batch whitening over the tokens in ``mask`` (biased variance, clamped at 1e-8); 0 outside it."""
+    if mode not in WHITENING:
+        raise ValueError(f"unknown whitening {mode!r}; expected one of {WHITENING}")
+    count = mask.sum()
+    if count == 0:
+        return advantages
+    x = advantages.double()
+    mean = (x * mask).sum() / count
+    rstd = ((x - mean).square() * mask).sum().div(count).clamp(min=1e-8).rsqrt() if mode == "mean_std" else 1.0
+    return torch.where(mask, (x - mean) * rstd, 0.0).to(advantages.dtype)
+
+
 def compute_advantages(
     estimator: str,
     main_rewards: torch.Tensor,
@@ -171,24 +212,33 @@ def compute_advantages(
     group_index: torch.Tensor,
     response_mask: torch.Tensor,
     cot_mask: torch.Tensor,
-    token_mode: str,
-    std_norm: bool,
+    *,
+    token_mode: str = "classmate_partial",
+    baseline: str = "group_norm",
+    main_valid: torch.Tensor | None = None,
     classmate_valid: torch.Tensor | None = None,
     weights: Sequence[float] = (1.0, 1.0),
+    main_clip: Sequence[float] | None = None,
+    kl_return: torch.Tensor | None = None,
+    whiten: str | None = None,
     eps: float = 1e-6,
 ) -> dict[str, torch.Tensor]:
-    """Token-level advantages for ``estimator`` (formulas in the module docstring).
+    """Token-level advantages for ``estimator`` (formulas and order of the steps in the module docstring).
 
     Returns ``"advantages"`` [B, T]; for ``separated`` / ``separated_non_neg`` also ``"main_advantages"`` and
     ``"classmate_advantages"`` [B, T]. For logging: ``"main_scalar"`` (A^m) and ``"classmate_scalar"`` (A^c as
     used, i.e. clamped for separated_non_neg) [B], plus ``"combined_scalar"`` [B] (A^comb, S or S_bn) for the
     single-advantage estimators. ``weights = (w_m, w_c)`` is used by gdpo / gdpo_wo_bn only.
-    ``classmate_rewards=None`` means no classmate (all zeros, all valid).
+    ``classmate_rewards=None`` means no classmate (all zeros, all valid); ``main_valid`` / ``classmate_valid``
+    ``None`` mean every score is valid.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
     if token_mode not in TOKEN_MODES:
         raise ValueError(f"unknown token_mode {token_mode!r}; expected one of {TOKEN_MODES}")
+    _check_baseline(baseline)
+    if whiten is not None and whiten not in WHITENING:
+        raise ValueError(f"unknown whiten {whiten!r}; expected None or one of {WHITENING}")
     if not isinstance(main_rewards, torch.Tensor) or main_rewards.dim() != 1:
         shape = tuple(main_rewards.shape) if isinstance(main_rewards, torch.Tensor) else type(main_rewards).__name__
         raise ValueError(f"main_rewards must be a 1-D tensor [B], got {shape}")
@@ -204,53 +254,77 @@ def compute_advantages(
         raise ValueError(
             f"cot_mask shape {tuple(cot_mask.shape)} does not match response_mask shape {tuple(response_mask.shape)}"
         )
-    if classmate_valid is None:
-        ok = torch.ones(batch, dtype=torch.bool, device=device)
-    else:
-        ok = _as_1d("classmate_valid", classmate_valid, batch).bool()
+    if kl_return is not None and kl_return.shape != response_mask.shape:
+        raise ValueError(
+            f"kl_return shape {tuple(kl_return.shape)} does not match response_mask shape "
+            f"{tuple(response_mask.shape)}"
+        )
+    everyone = torch.ones(batch, dtype=torch.bool, device=device)
+    main_ok = everyone if main_valid is None else _as_1d("main_valid", main_valid, batch).bool()
+    cm_ok = everyone if classmate_valid is None else _as_1d("classmate_valid", classmate_valid, batch).bool()
     if len(weights) != 2:
         raise ValueError(f"weights must be (w_main, w_classmate), got {weights}")
+    if main_clip is not None and (len(main_clip) != 2 or main_clip[0] > main_clip[1]):
+        raise ValueError(f"main_clip must be (low, high) with low <= high, got {main_clip}")
     resp = response_mask.bool()
     cot = cot_mask.bool()  # only read on valid tokens: CoT marks on padding are ignored (no O(B·T) check)
-    _check_finite("main_rewards", main_rewards)
-    _check_finite("classmate_rewards", classmate_rewards, ok)
+    _check_finite("main_rewards", main_rewards, main_ok)
+    _check_finite("classmate_rewards", classmate_rewards, cm_ok)
 
     inverse, num_groups = _group_ids(group_index)
-    _check_group_sizes(inverse, num_groups, std_norm)
+    _check_group_sizes(inverse, num_groups, baseline)
     out_dtype = _out_dtype(main_rewards)
-    r_main = main_rewards.double()
-    r_cm = torch.where(ok, classmate_rewards.double(), 0.0)
-    everyone = torch.ones(batch, dtype=torch.bool, device=device)
+    r_main = torch.where(main_ok, main_rewards.double(), 0.0)
+    r_cm = torch.where(cm_ok, classmate_rewards.double(), 0.0)
 
-    a_main, _ = _group_norm(r_main, inverse, num_groups, everyone, std_norm, eps)
-    a_cm, _ = _group_norm(r_cm, inverse, num_groups, ok, std_norm, eps)
+    def clip(x: torch.Tensor) -> torch.Tensor:
+        return x if main_clip is None else x.clamp(min=float(main_clip[0]), max=float(main_clip[1]))
+
+    a_main, _ = _baseline(r_main, inverse, num_groups, main_ok, baseline, eps)
+    a_main = clip(a_main)
+    a_cm, _ = _baseline(r_cm, inverse, num_groups, cm_ok, baseline, eps)
     if estimator == "separated_non_neg":
         a_cm = a_cm.clamp(min=0.0)  # §5.3: do not penalise the main model when the classmate fails
     result = {"main_scalar": a_main.to(out_dtype), "classmate_scalar": a_cm.to(out_dtype)}
-    a_main_o = result["main_scalar"]
+    a_main_out = result["main_scalar"]
 
     if estimator in ("grpo", "grpo_w_classmate"):
-        a_comb, defined = _group_norm(r_main + r_cm, inverse, num_groups, ok, std_norm, eps)
-        a_comb = torch.where(defined, a_comb, a_main).to(out_dtype)
+        a_comb, defined = _baseline(r_main + r_cm, inverse, num_groups, main_ok & cm_ok, baseline, eps)
+        a_comb = torch.where(defined, clip(a_comb), a_main).to(out_dtype)
         result["combined_scalar"] = a_comb
         if estimator == "grpo" or token_mode == "all":
-            result["advantages"] = _broadcast(a_comb, resp)
+            advantages = _broadcast(a_comb, resp)
         else:
-            result["advantages"] = _place(a_comb, a_main_o, cot, resp)
+            advantages = _place(a_comb, a_main_out, cot, resp)
     elif estimator in ("gdpo", "gdpo_wo_bn"):
         w_main, w_cm = float(weights[0]), float(weights[1])
         s = w_main * a_main + w_cm * a_cm
         if estimator == "gdpo":  # §13: HEAD's batch normalisation over the whole batch
-            centred = s - s.mean()
-            std = centred.square().sum().div(max(batch - 1, 1)).sqrt()
+            active = main_ok | cm_ok  # a response with no valid score carries no signal and stays 0
+            count = int(active.sum())
+            centred = torch.where(active, s - s[active].mean() if count else s, 0.0)
+            std = centred.square().sum().div(max(count - 1, 1)).sqrt()
             s = centred / (std + eps)
         s = s.to(out_dtype)
         result["combined_scalar"] = s
-        result["advantages"] = _broadcast(s, resp) if token_mode == "all" else _place(s, a_main_o, cot, resp)
+        advantages = _broadcast(s, resp) if token_mode == "all" else _place(s, a_main_out, cot, resp)
     else:  # separated, separated_non_neg
-        main_adv = _broadcast(a_main_o, resp)
-        cm_adv = _broadcast(result["classmate_scalar"], cot & resp if token_mode == "classmate_partial" else resp)
+        main_adv = _broadcast(a_main_out, resp)
+        cm_tokens = cot & resp if token_mode == "classmate_partial" else resp
+        cm_adv = _broadcast(result["classmate_scalar"], cm_tokens)
+        if kl_return is not None:
+            main_adv = main_adv + torch.where(resp, kl_return.to(out_dtype), 0.0)
+        if whiten is not None:
+            main_adv = whiten_tokens(main_adv, resp & main_ok.unsqueeze(1), whiten)
+            cm_adv = whiten_tokens(cm_adv, cm_tokens & cm_ok.unsqueeze(1), whiten)
         result["main_advantages"] = main_adv
         result["classmate_advantages"] = cm_adv
         result["advantages"] = main_adv + cm_adv
+        return result
+
+    if kl_return is not None:
+        advantages = advantages + torch.where(resp, kl_return.to(out_dtype), 0.0)
+    if whiten is not None:
+        advantages = whiten_tokens(advantages, resp & (main_ok | cm_ok).unsqueeze(1), whiten)
+    result["advantages"] = advantages
     return result

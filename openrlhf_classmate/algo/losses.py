@@ -5,9 +5,18 @@ Both modules take the call that ``ActorPPOTrainer.training_step`` makes,
     fn(action_log_probs, old_action_log_probs, advantages, action_mask=..., rollout_log_probs=..., **loss_batch_info)
 
 (``loss_batch_info`` = ``dp_size``, ``batch_num_tokens``, ``global_batch_size``), plus keyword-only classmate
-tensors, and return the same 5-tuple ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`` with the last two
-``None`` (no rollout importance-sampling correction: ``rollout_log_probs`` is accepted and ignored).
+tensors, and return the same 5-tuple ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``.
 Per-call statistics are kept in ``self.last_stats`` (detached 0-d tensors) for the trainer to log.
+
+Upstream's ratio and rollout-correction options apply to both terms of both losses exactly as ``PolicyLoss`` applies
+them to its one term (``tests/test_losses.py`` checks the equality for every combination):
+
+* ``policy_loss_type="gspo"``: the ratio is sequence-level, r_i = exp(mean_t (ℓθ - ℓref)) on every token of row i
+  (ℓref = ℓold, or the rollout log-probs when IS correction is on), and the aggregation is the per-sequence mean
+  (``seq-mean-token-mean``), as GSPO prescribes.
+* ``is_correction_level`` token / seq (``ppo`` only, as upstream): the per-token loss is multiplied by the truncated
+  importance weight w = π_train/π_rollout (``mode=clip``: clamped to the threshold band; ``mask``: units whose gate
+  statistic leaves the band get 0, the others w). ``vllm_kl`` and ``is_filter_ratio`` are returned as upstream does.
 
 The single-advantage estimators (grpo, grpo_w_classmate, gdpo, gdpo_wo_bn) use openrlhf's ``PolicyLoss`` unchanged.
 
@@ -93,16 +102,103 @@ def aggregate(
     return total * dp_size * scale / global_batch_size
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None) -> torch.Tensor:
     if mask is None:
-        return x.mean()
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+        return x.mean() if dim is None else x.mean(dim)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+POLICY_LOSS_TYPES = ("ppo", "gspo")
+IS_LEVELS = ("off", "token", "seq")
+IS_MODES = ("mask", "clip")
+IS_GATINGS = ("ratio", "binary_kl", "tv")
+
+
+def policy_ratio(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    action_mask: torch.Tensor | None,
+    rollout_log_probs: torch.Tensor | None = None,
+    policy_loss_type: str = "ppo",
+    is_correction: bool = False,
+) -> torch.Tensor:
+    """The PPO ratio [B, T] as upstream's ``PolicyLoss`` computes it (module docstring)."""
+    if policy_loss_type == "ppo":
+        return (log_probs - old_log_probs).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
+    if policy_loss_type != "gspo":
+        raise ValueError(f"unknown policy_loss_type {policy_loss_type!r}; expected one of {POLICY_LOSS_TYPES}")
+    if action_mask is None:
+        action_mask = torch.ones_like(log_probs, dtype=torch.bool)
+    log_ratio = log_probs - (rollout_log_probs if is_correction else old_log_probs)
+    seq = (log_ratio * action_mask).sum(dim=-1) / action_mask.sum(dim=-1).clamp(min=1)
+    return seq.exp().unsqueeze(-1) * action_mask
+
+
+def is_correction_weight(
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    action_mask: torch.Tensor | None,
+    level: str,
+    mode: str = "mask",
+    gating: str = "ratio",
+    threshold: tuple[float, float] = (0.5, 5.0),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w, is_filter_ratio, vllm_kl): upstream's rollout importance-sampling correction (``PolicyLoss``, ppo).
+
+    ``w`` [B, T] multiplies the per-token loss. The gate reads π_train/π_rollout per token (``level="token"``) or its
+    geometric mean per sequence (``"seq"``), or the sampled-token binary KL / total variation between the two
+    policies (``gating``); units outside ``threshold = (low, high)`` are dropped (``mask``) or, for the token ratio,
+    clamped (``clip``). ``is_filter_ratio`` is the dropped/clamped fraction at the unit's granularity.
+    """
+    low, high = threshold
+    seq_level = level == "seq"
+    log_w = (old_log_probs - rollout_log_probs).detach()
+    token_w = log_w.exp()
+    if gating == "ratio":
+        stat = (_masked_mean(log_w, action_mask, dim=-1).unsqueeze(-1) if seq_level else log_w).exp()
+    else:
+        p = rollout_log_probs.exp().clamp(1e-6, 1 - 1e-6)  # the clamp keeps the binary-KL logs finite
+        q = old_log_probs.exp().clamp(1e-6, 1 - 1e-6)
+        if gating == "binary_kl":
+            stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+        else:  # tv
+            stat = (p - q).abs()
+        if seq_level:
+            stat = _masked_mean(stat, action_mask, dim=-1).unsqueeze(-1)
+    if mode == "clip":
+        weight = stat.clamp(min=low, max=high)
+        filtered = (stat < low) | (stat > high)
+    else:
+        keep = (stat >= low) & (stat <= high)
+        weight = torch.where(keep, token_w, 0.0)
+        filtered = ~keep
+    filter_ratio = filtered.float().mean() if seq_level else _masked_mean(filtered.float(), action_mask)
+    vllm_kl = _masked_mean(rollout_log_probs - old_log_probs, action_mask)
+    return weight, filter_ratio, vllm_kl
+
+
+def _check_is_options(policy_loss_type: str, level: str, mode: str, gating: str, threshold) -> None:
+    """Upstream's constructor checks of ``PolicyLoss``, with the flag names in the messages."""
+    if policy_loss_type not in POLICY_LOSS_TYPES:
+        raise ValueError(f"policy_loss_type must be one of {POLICY_LOSS_TYPES}, got {policy_loss_type!r}")
+    if level not in IS_LEVELS:
+        raise ValueError(f"is_correction_level must be one of {IS_LEVELS}, got {level!r}")
+    if mode not in IS_MODES:
+        raise ValueError(f"is_correction_mode must be one of {IS_MODES}, got {mode!r}")
+    if gating not in IS_GATINGS:
+        raise ValueError(f"is_correction_gating must be one of {IS_GATINGS}, got {gating!r}")
+    if mode == "clip" and (level == "seq" or gating != "ratio"):
+        raise ValueError("is_correction_mode=clip requires is_correction_level=token and is_correction_gating=ratio")
+    if gating != "ratio" and level != "off" and threshold[0] > 0:
+        raise ValueError(f"is_correction_gating={gating} takes an upper bound only (a single threshold value)")
 
 
 def _ppo_token_loss(
     ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, dual_clip: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token clipped PPO loss, op for op as openrlhf's ``PolicyLoss`` ("ppo"); returns (loss, clipped flag)."""
+    """Per-token clipped PPO loss, op for op as openrlhf's ``PolicyLoss``; returns (loss, clipped flag)."""
     surr1 = ratio * adv
     surr2 = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
     if dual_clip is None:
@@ -124,15 +220,83 @@ def _check_same_shape(name: str, x: torch.Tensor, ref: torch.Tensor) -> None:
         raise ValueError(f"{name} shape {tuple(x.shape)} does not match log_probs shape {tuple(ref.shape)}")
 
 
-class SeparatedPolicyLoss(torch.nn.Module):
-    """Two clipped PPO terms with the same ratio, mask and aggregation (openrlhf_0.11.2_extension.md §3(c)):
+class _ClassmateLoss(torch.nn.Module):
+    """What both classmate losses share: clip ranges of both terms, aggregation, ratio type and IS correction."""
 
-        L = PPO(r, A^m; ε_lo, ε_hi, dual_clip) + PPO(r, A^c; ε^c_lo, ε^c_hi, classmate_dual_clip)
+    def __init__(
+        self,
+        clip_eps_low: float,
+        clip_eps_high: float,
+        dual_clip: float | None,
+        classmate_clip_eps_low: float,
+        classmate_clip_eps_high: float,
+        classmate_dual_clip: float | None,
+        loss_agg_mode: str,
+        max_response_len: int | None,
+        ref_micro_batch_size: float | None,
+        policy_loss_type: str,
+        is_correction_level: str,
+        is_correction_mode: str,
+        is_correction_gating: str,
+        is_correction_threshold: tuple[float, float],
+    ) -> None:
+        super().__init__()
+        if loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
+        _check_dual_clip("dual_clip", dual_clip)
+        _check_dual_clip("classmate_dual_clip", classmate_dual_clip)
+        threshold = tuple(float(x) for x in is_correction_threshold)
+        _check_is_options(policy_loss_type, is_correction_level, is_correction_mode, is_correction_gating, threshold)
+        if policy_loss_type == "gspo":
+            if loss_agg_mode == "seq-mean-token-sum-norm":
+                raise ValueError("policy_loss_type gspo aggregates per sequence; seq-mean-token-sum-norm is not "
+                                 "defined for it")
+            loss_agg_mode = "seq-mean-token-mean"  # as upstream: GSPO is a sequence-level objective
+        self.clip_eps_low, self.clip_eps_high, self.dual_clip = clip_eps_low, clip_eps_high, dual_clip
+        self.classmate_clip_eps_low = classmate_clip_eps_low
+        self.classmate_clip_eps_high = classmate_clip_eps_high
+        self.classmate_dual_clip = classmate_dual_clip
+        self.loss_agg_mode = loss_agg_mode
+        self.max_response_len = max_response_len
+        self.ref_micro_batch_size = ref_micro_batch_size
+        self.policy_loss_type = policy_loss_type
+        self.is_correction_level = is_correction_level
+        self.is_correction_mode = is_correction_mode
+        self.is_correction_gating = is_correction_gating
+        self.is_correction_threshold = threshold
+        self.last_stats: dict[str, torch.Tensor] = {}
 
-    ``advantages`` are the main advantages A^m·v; ``classmate_advantages`` are A^c·m (or A^c·v). Each term gets the
-    gradient of its own advantage, so the classmate stream really trains the CoT tokens (unlike
-    ``VanillaClassmatePolicyLoss``). With ``classmate_advantages == 0`` this equals openrlhf's ``PolicyLoss``
-    exactly. The returned ``clip_ratio`` is the main term's (openrlhf's definition: surr2 < surr1).
+    def _ratio(self, log_probs, old_log_probs, action_mask, rollout_log_probs) -> torch.Tensor:
+        correcting = self.is_correction_level != "off"
+        if correcting and rollout_log_probs is None:
+            raise ValueError(f"is_correction_level={self.is_correction_level} needs rollout_log_probs")
+        return policy_ratio(log_probs, old_log_probs, action_mask, rollout_log_probs, self.policy_loss_type,
+                            correcting)
+
+    def _is_weight(self, old_log_probs, rollout_log_probs, action_mask):
+        """(w, is_filter_ratio, vllm_kl), or (None, None, None) where upstream applies no weight (off, or gspo)."""
+        if self.is_correction_level == "off" or self.policy_loss_type != "ppo":
+            return None, None, None
+        return is_correction_weight(old_log_probs, rollout_log_probs, action_mask, self.is_correction_level,
+                                    self.is_correction_mode, self.is_correction_gating, self.is_correction_threshold)
+
+    def _aggregate(self, loss: torch.Tensor, action_mask, dp_size, batch_num_tokens, global_batch_size):
+        return aggregate(loss, action_mask, self.loss_agg_mode, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
+                         global_batch_size=global_batch_size, max_response_len=self.max_response_len,
+                         ref_micro_batch_size=self.ref_micro_batch_size)
+
+
+class SeparatedPolicyLoss(_ClassmateLoss):
+    """Two clipped PPO terms with the same ratio, mask, IS weight and aggregation
+    (openrlhf_0.11.2_extension.md §3(c)):
+
+        L = w · PPO(r, A^m; ε_lo, ε_hi, dual_clip) + w · PPO(r, A^c; ε^c_lo, ε^c_hi, classmate_dual_clip)
+
+    ``advantages`` are the main advantages A^m·v; ``classmate_advantages`` are A^c·m (or A^c·v); r and w as in the
+    module docstring. Each term gets the gradient of its own advantage, so the classmate stream really trains the
+    CoT tokens (unlike ``VanillaClassmatePolicyLoss``). With ``classmate_advantages == 0`` this equals openrlhf's
+    ``PolicyLoss`` exactly, and in general it equals the sum of two ``PolicyLoss`` calls with the two clip ranges.
+    The returned ``clip_ratio`` is the main term's (openrlhf's definition: surr2 < surr1).
     """
 
     def __init__(
@@ -146,24 +310,18 @@ class SeparatedPolicyLoss(torch.nn.Module):
         loss_agg_mode: str = "token-mean",
         max_response_len: int | None = None,
         ref_micro_batch_size: float | None = None,
+        policy_loss_type: str = "ppo",
+        is_correction_level: str = "off",
+        is_correction_mode: str = "mask",
+        is_correction_gating: str = "ratio",
+        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
     ) -> None:
-        super().__init__()
-        if loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
-        _check_dual_clip("dual_clip", dual_clip)
-        _check_dual_clip("classmate_dual_clip", classmate_dual_clip)
-        self.clip_eps_low, self.clip_eps_high, self.dual_clip = clip_eps_low, clip_eps_high, dual_clip
-        self.classmate_clip_eps_low = classmate_clip_eps_low
-        self.classmate_clip_eps_high = classmate_clip_eps_high
-        self.classmate_dual_clip = classmate_dual_clip
-        self.loss_agg_mode = loss_agg_mode
-        self.max_response_len = max_response_len
-        self.ref_micro_batch_size = ref_micro_batch_size
-        self.last_stats: dict[str, torch.Tensor] = {}
+        super().__init__(clip_eps_low, clip_eps_high, dual_clip, classmate_clip_eps_low, classmate_clip_eps_high,
+                         classmate_dual_clip, loss_agg_mode, max_response_len, ref_micro_batch_size,
+                         policy_loss_type, is_correction_level, is_correction_mode, is_correction_gating,
+                         is_correction_threshold)
 
-    def _token_terms(self, log_probs, old_log_probs, advantages, classmate_advantages):
-        log_ratio = log_probs - old_log_probs
-        ratio = log_ratio.clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
+    def _token_terms(self, ratio, advantages, classmate_advantages):
         main_tok, main_clipped = _ppo_token_loss(
             ratio, advantages, self.clip_eps_low, self.clip_eps_high, self.dual_clip
         )
@@ -182,10 +340,15 @@ class SeparatedPolicyLoss(torch.nn.Module):
         old_log_probs: torch.Tensor,
         advantages: torch.Tensor,
         classmate_advantages: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        rollout_log_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Per-token loss [B, T] before aggregation (main term + classmate term)."""
-        main_tok, cm_tok, _, _ = self._token_terms(log_probs, old_log_probs, advantages, classmate_advantages)
-        return main_tok + cm_tok
+        """Per-token loss [B, T] before aggregation (main term + classmate term, IS weight applied)."""
+        ratio = self._ratio(log_probs, old_log_probs, action_mask, rollout_log_probs)
+        main_tok, cm_tok, _, _ = self._token_terms(ratio, advantages, classmate_advantages)
+        weight, _, _ = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
+        total = main_tok + cm_tok
+        return total if weight is None else weight * total
 
     def forward(
         self,
@@ -199,23 +362,18 @@ class SeparatedPolicyLoss(torch.nn.Module):
         global_batch_size: float | torch.Tensor | None = None,
         *,
         classmate_advantages: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         _check_same_shape("advantages", advantages, log_probs)
         _check_same_shape("classmate_advantages", classmate_advantages, log_probs)
-        main_tok, cm_tok, main_clipped, cm_clipped = self._token_terms(
-            log_probs, old_log_probs, advantages, classmate_advantages
-        )
-        agg = dict(
-            mode=self.loss_agg_mode,
-            dp_size=dp_size,
-            batch_num_tokens=batch_num_tokens,
-            global_batch_size=global_batch_size,
-            max_response_len=self.max_response_len,
-            ref_micro_batch_size=self.ref_micro_batch_size,
-        )
+        ratio = self._ratio(log_probs, old_log_probs, action_mask, rollout_log_probs)
+        main_tok, cm_tok, main_clipped, cm_clipped = self._token_terms(ratio, advantages, classmate_advantages)
+        weight, filter_ratio, vllm_kl = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
+        if weight is not None:
+            main_tok, cm_tok = weight * main_tok, weight * cm_tok
+        batch_info = (dp_size, batch_num_tokens, global_batch_size)
         # aggregate() is linear, so this equals aggregating the summed per-token loss.
-        main_loss = aggregate(main_tok, action_mask, **agg)
-        cm_loss = aggregate(cm_tok, action_mask, **agg)
+        main_loss = self._aggregate(main_tok, action_mask, *batch_info)
+        cm_loss = self._aggregate(cm_tok, action_mask, *batch_info)
         loss = main_loss + cm_loss
         clip_ratio = _masked_mean(main_clipped.float(), action_mask)
         ppo_kl = _masked_mean(-(log_probs - old_log_probs).detach(), action_mask)
@@ -226,10 +384,10 @@ class SeparatedPolicyLoss(torch.nn.Module):
             "classmate_clip_ratio": _masked_mean(cm_clipped.float(), action_mask).detach(),
             "ppo_kl": ppo_kl,
         }
-        return loss, clip_ratio, ppo_kl, None, None
+        return loss, clip_ratio, ppo_kl, vllm_kl, filter_ratio
 
 
-class VanillaClassmatePolicyLoss(torch.nn.Module):
+class VanillaClassmatePolicyLoss(_ClassmateLoss):
     """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (classmate_method.md §6.1), exactly.
 
     Per token, with ``r = exp(clamp(ℓθ - ℓold, ±20))``, ``c = exp(clamp(ℓcl - ℓold, ±20))`` (ℓcl = the classmate's
@@ -240,7 +398,9 @@ class VanillaClassmatePolicyLoss(torch.nn.Module):
         L1 = max(-v1, -v2)
         L  = min(-v3, L1) where v2 < 0, else L1          (dual clip on the sign of v2; skipped if dual_clip is None)
 
-    aggregated with ``loss_agg_mode`` (default ``seq-mean-token-sum-norm``, §6.2) over the response mask.
+    multiplied by upstream's rollout IS weight w when ``is_correction_level`` is on (module docstring), and
+    aggregated with ``loss_agg_mode`` (default ``seq-mean-token-sum-norm``, §6.2) over the response mask. The ratio
+    is token-level: ``policy_loss_type="gspo"`` has no meaning for the two-ratio form and is refused.
 
     **The classmate advantage never contributes a gradient of its own.** c, c̄, A^c and v3 do not depend on θ
     (ℓcl comes from the classmate engine and ℓold is stored), so ∂L/∂ℓθ is -A^m·r on the v1 branch and on the v2
@@ -267,22 +427,21 @@ class VanillaClassmatePolicyLoss(torch.nn.Module):
         loss_agg_mode: str = "seq-mean-token-sum-norm",
         max_response_len: int | None = None,
         ref_micro_batch_size: float | None = None,
+        policy_loss_type: str = "ppo",
+        is_correction_level: str = "off",
+        is_correction_mode: str = "mask",
+        is_correction_gating: str = "ratio",
+        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
     ) -> None:
-        super().__init__()
-        if loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
-        _check_dual_clip("dual_clip", dual_clip)
-        _check_dual_clip("classmate_dual_clip", classmate_dual_clip)
+        if policy_loss_type != "ppo":
+            raise ValueError("the vanilla_classmate loss is token-level (two per-token ratios); policy_loss_type "
+                             f"{policy_loss_type!r} is not defined for it")
         if dual_clip is not None and classmate_dual_clip is None:
             raise ValueError("classmate_dual_clip must be set when dual_clip is set (v3 needs both constants)")
-        self.clip_eps_low, self.clip_eps_high, self.dual_clip = clip_eps_low, clip_eps_high, dual_clip
-        self.classmate_clip_eps_low = classmate_clip_eps_low
-        self.classmate_clip_eps_high = classmate_clip_eps_high
-        self.classmate_dual_clip = classmate_dual_clip
-        self.loss_agg_mode = loss_agg_mode
-        self.max_response_len = max_response_len
-        self.ref_micro_batch_size = ref_micro_batch_size
-        self.last_stats: dict[str, torch.Tensor] = {}
+        super().__init__(clip_eps_low, clip_eps_high, dual_clip, classmate_clip_eps_low, classmate_clip_eps_high,
+                         classmate_dual_clip, loss_agg_mode, max_response_len, ref_micro_batch_size,
+                         policy_loss_type, is_correction_level, is_correction_mode, is_correction_gating,
+                         is_correction_threshold)
 
     def _token_terms(self, log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask):
         m = cot_mask.bool()
@@ -313,12 +472,15 @@ class VanillaClassmatePolicyLoss(torch.nn.Module):
         classmate_advantages: torch.Tensor,
         classmate_log_probs: torch.Tensor,
         cot_mask: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        rollout_log_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Per-token loss L [B, T] of §6.1 before aggregation."""
+        """Per-token loss L [B, T] of §6.1 before aggregation (times the IS weight when correction is on)."""
         loss_tok, _ = self._token_terms(
             log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
         )
-        return loss_tok
+        weight, _, _ = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
+        return loss_tok if weight is None else weight * loss_tok
 
     def forward(
         self,
@@ -334,7 +496,7 @@ class VanillaClassmatePolicyLoss(torch.nn.Module):
         classmate_advantages: torch.Tensor,
         classmate_log_probs: torch.Tensor,
         cot_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         for name, x in (
             ("advantages", advantages),
             ("classmate_advantages", classmate_advantages),
@@ -342,20 +504,16 @@ class VanillaClassmatePolicyLoss(torch.nn.Module):
             ("cot_mask", cot_mask),
         ):
             _check_same_shape(name, x, log_probs)
+        if self.is_correction_level != "off" and rollout_log_probs is None:
+            raise ValueError(f"is_correction_level={self.is_correction_level} needs rollout_log_probs")
         loss_tok, terms = self._token_terms(
             log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
         )
+        weight, filter_ratio, vllm_kl = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
+        if weight is not None:
+            loss_tok = weight * loss_tok
         r, r_clip, c, c_clip, delta, m = terms
-        loss = aggregate(
-            loss_tok,
-            action_mask,
-            self.loss_agg_mode,
-            dp_size=dp_size,
-            batch_num_tokens=batch_num_tokens,
-            global_batch_size=global_batch_size,
-            max_response_len=self.max_response_len,
-            ref_micro_batch_size=self.ref_micro_batch_size,
-        )
+        loss = self._aggregate(loss_tok, action_mask, dp_size, batch_num_tokens, global_batch_size)
         clip_ratio = _masked_mean((r != r_clip).float(), action_mask).detach()
         ppo_kl = _masked_mean(-delta.detach(), action_mask)
         self.last_stats = {
@@ -364,4 +522,4 @@ class VanillaClassmatePolicyLoss(torch.nn.Module):
             "classmate_clip_ratio": _masked_mean((c != c_clip).float(), m).detach(),
             "ppo_kl": ppo_kl,
         }
-        return loss, clip_ratio, ppo_kl, None, None
+        return loss, clip_ratio, ppo_kl, vllm_kl, filter_ratio

@@ -7,9 +7,9 @@ Conventions for a batch of responses ``response_ids`` [B, T] (right-padded) with
   ``</think>`` *after it* closes it (``end`` = that position, exclusive). The CoT lies strictly between the tags.
 * ``think_open_id`` given but no ``<think>`` in the row: the whole valid response is the CoT (``start`` = 0), and
   ``</think>`` is not searched for (``has_answer`` = False).
-* ``think_open_id=None``: the chat template already opened the thinking block in the prompt (e.g. a generation
-  prompt ending in ``<think>\\n``), so every row starts inside the CoT (``start`` = 0) and the first ``</think>``
-  closes it.
+* ``think_open_id=None``, or ``starts_in_think`` True for the row: the chat template already opened the thinking
+  block in the prompt (R1-distill / ``*-Thinking-2507`` generation prompts end in ``<think>\\n``; see
+  :func:`prompt_opens_think`), so the row starts inside the CoT (``start`` = 0) and the first ``</think>`` closes it.
 * No closing ``</think>``: the CoT runs to the last valid token, **EOS excluded** (the reference included it,
   classmate_method.md §11.14). EOS = the last valid token when it equals ``eos_token_id``.
 * ``has_answer`` = a closing ``</think>`` was found (a final answer follows it).
@@ -58,14 +58,27 @@ def _check_response_mask(response_ids: torch.Tensor, response_mask: torch.Tensor
     return valid
 
 
+def prompt_opens_think(prompt_ids, think_open_id: int, think_close_id: int) -> bool:
+    """True when a prompt ends inside a think block: its last ``think_open_id`` comes after its last
+    ``think_close_id`` (the template opened the CoT, so the response starts inside it). Token ids, not text, so a
+    closed think block of an earlier turn or a tag-like string in the user's message does not count."""
+    ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
+    last_open = max((i for i, t in enumerate(ids) if t == think_open_id), default=-1)
+    last_close = max((i for i, t in enumerate(ids) if t == think_close_id), default=-1)
+    return last_open > last_close
+
+
 def cot_mask(
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
     think_open_id: int | None,
     think_close_id: int,
     eos_token_id: int | None = None,
+    starts_in_think: torch.Tensor | None = None,
 ) -> CotSpans:
-    """CoT spans of a right-padded response batch (rules in the module docstring). Fully vectorised."""
+    """CoT spans of a right-padded response batch (rules in the module docstring). Fully vectorised.
+
+    ``starts_in_think`` [B] bool marks rows whose prompt opened the think block (:func:`prompt_opens_think`)."""
     valid = _check_response_mask(response_ids, response_mask)
     batch, width = response_ids.shape
     device = response_ids.device
@@ -81,6 +94,12 @@ def cot_mask(
         first_open = torch.where(is_open, positions, sentinel).min(dim=1).values
         has_open = first_open < width
         start = torch.where(has_open, first_open + 1, torch.zeros_like(first_open))
+        if starts_in_think is not None:
+            if starts_in_think.shape != (batch,):
+                raise ValueError(f"starts_in_think must have shape ({batch},), got {tuple(starts_in_think.shape)}")
+            inside = starts_in_think.to(device=device, dtype=torch.bool)
+            has_open = has_open | inside
+            start = torch.where(inside, torch.zeros_like(start), start)
 
     is_close = valid & (response_ids == think_close_id) & (positions >= start.unsqueeze(1)) & has_open.unsqueeze(1)
     first_close = torch.where(is_close, positions, sentinel).min(dim=1).values

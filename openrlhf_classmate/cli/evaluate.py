@@ -149,8 +149,11 @@ def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> l
 
 
 def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwargs: dict,
-                   think_open: str) -> tuple[list[list[int]], list[bool]]:
-    """Prompt token ids, and whether each rendered prompt already opens the think block."""
+                   think_ids: tuple[int, int] | None) -> tuple[list[list[int]], list[bool]]:
+    """Prompt token ids, and whether each rendered prompt already opens the think block (decided on token ids by
+    ``algo.spans.prompt_opens_think``, the same function the trainer uses)."""
+    from openrlhf_classmate.algo.spans import prompt_opens_think
+
     ids, opened = [], []
     for row in rows:
         if chat_template:
@@ -159,7 +162,7 @@ def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwa
         else:
             text = "\n".join(str(m.get("content", "")) for m in row.messages)
         ids.append(list(tokenizer.encode(text, add_special_tokens=False)))
-        opened.append(text.rstrip().endswith(think_open))
+        opened.append(think_ids is not None and prompt_opens_think(ids[-1], *think_ids))
     return ids, opened
 
 
@@ -287,7 +290,8 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
         except ValueError as e:
             raise EvaluationError(f"{e}; set --think-open/--think-close, or --no-think for a model without a think "
                                   "block") from None
-    prompt_ids, opened = render_prompts(tokenizer, rows, not args.no_chat_template, template_kwargs, args.think_open)
+    think_ids = None if args.no_think else (open_id, close_id)
+    prompt_ids, opened = render_prompts(tokenizer, rows, not args.no_chat_template, template_kwargs, think_ids)
     backend = resolve_backend(args.backend)
     log(f"{len(rows)} prompts x {args.samples} samples, model {args.model}, backend {backend}")
 

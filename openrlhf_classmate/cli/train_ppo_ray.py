@@ -34,7 +34,7 @@ def reward_env(args) -> dict[str, str]:
         "OPENRLHF_CLASSMATE_THINK_CLOSE": cfg.think_close,
         "OPENRLHF_CLASSMATE_FINAL_ANSWER": cfg.final_answer,
         "OPENRLHF_CLASSMATE_STRIP_TOKENS": json.dumps(strip),
-        "OPENRLHF_CLASSMATE_SCORER": cfg.scorer,
+        "OPENRLHF_CLASSMATE_SCORER": cfg.main_scorer,
     }
     judge = judge_config_from_args(args)
     if judge is not None:
@@ -217,7 +217,15 @@ def main(argv: list[str] | None = None) -> None:
             patches.check_upstream()
         except patches.UpstreamChangedError as e:
             raise SystemExit(f"error: {e} (set OPENRLHF_CLASSMATE_ALLOW_UPSTREAM_CHANGES=1 to run anyway)") from None
-    run(args)
+    try:
+        run(args)
+    except Exception as e:  # noqa: BLE001 - only our own stop is turned into one line; anything else re-raises
+        from openrlhf_classmate.integration.trainer import TrainingStopped
+
+        cause = getattr(e, "cause", e)  # Ray wraps the controller's exception in a RayTaskError
+        if isinstance(cause, TrainingStopped):
+            raise SystemExit(str(cause)) from None
+        raise
 
 
 if __name__ == "__main__":

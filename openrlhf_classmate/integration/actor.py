@@ -51,9 +51,14 @@ class ClassmateLossAdapter(torch.nn.Module):
 
 
 def build_classmate_loss(args) -> tuple[torch.nn.Module, tuple[str, ...], bool] | None:
-    """(loss, experience fields it needs, zero classmate advantage) for this run; None = upstream's PolicyLoss."""
+    """(loss, experience fields it needs, zero classmate advantage) for this run; None = upstream's PolicyLoss.
+
+    Every ratio / correction option of upstream's ``PolicyLoss`` (``--actor.policy_loss_type``,
+    ``--algo.advantage.is_correction_*``) is passed on, so our losses apply them exactly as upstream does.
+    """
     cfg = args.classmate
     agg = cfg.loss_agg_mode or args.actor.loss_agg_mode
+    advantage = args.algo.advantage
     common = dict(
         clip_eps_low=args.actor.eps_clip_low_high[0],
         clip_eps_high=args.actor.eps_clip_low_high[1],
@@ -61,12 +66,17 @@ def build_classmate_loss(args) -> tuple[torch.nn.Module, tuple[str, ...], bool] 
         classmate_clip_eps_high=cfg.eps_clip_low_high[1],
         loss_agg_mode=agg,
         max_response_len=args.rollout.max_new_tokens,
+        policy_loss_type=args.actor.policy_loss_type,
+        is_correction_level=advantage.is_correction_level,
+        is_correction_mode=advantage.is_correction_mode,
+        is_correction_gating=advantage.is_correction_gating,
+        is_correction_threshold=tuple(advantage.is_correction_threshold),
     )
     if not uses_separated_loss(args):
         if agg == "seq-mean-token-sum-norm":
             # a single-advantage estimator with the reference aggregation: the separated loss, zero second term
             return SeparatedPolicyLoss(dual_clip=args.actor.dual_clip, **common), (), True
-        return None
+        return None  # upstream's PolicyLoss, built from args.actor.loss_agg_mode (set from --classmate.loss_agg_mode)
     if cfg.loss == "vanilla_classmate":
         loss = VanillaClassmatePolicyLoss(
             dual_clip=args.actor.dual_clip or 3.0, classmate_dual_clip=cfg.dual_clip or 3.0, **common

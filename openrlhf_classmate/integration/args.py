@@ -167,9 +167,13 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
         # no reward model or function given: score answers with the scorer registry (the label's data_source)
         setattr(flat, "reward.remote_url", REWARD_FUNC_PATH)
     if getattr(flat, "classmate.model_name_or_path") and "--algo.advantage.estimator" not in argv:
-        # upstream's default (gae) would build a critic; with a classmate our estimators replace upstream's
-        # advantages anyway, so upstream runs its cheap critic-free reinforce pass underneath
-        setattr(flat, "algo.advantage.estimator", "reinforce")
+        # upstream's default (gae) would build a critic; the classmate estimators need a per-prompt-group baseline,
+        # and upstream's GRPO one (group_norm) is the default (dr_grpo, rloo, reinforce_baseline also work)
+        setattr(flat, "algo.advantage.estimator", "group_norm")
+    if getattr(flat, "classmate.model_name_or_path") and getattr(flat, "rollout.n_samples_per_prompt") < 2:
+        # before upstream's bare assertion on the same
+        raise SystemExit("error: classmate estimators normalise per prompt group: set "
+                         "--rollout.n_samples_per_prompt >= 2")
     _, post, _ = _upstream_main_block()
     namespace = _upstream_namespace()
     namespace.update(args=flat, parser=parser)

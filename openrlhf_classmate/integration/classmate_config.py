@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from openrlhf_classmate.algo.advantages import ESTIMATORS, TOKEN_MODES
+from openrlhf_classmate.algo.advantages import BASELINES, ESTIMATORS, TOKEN_MODES
 from openrlhf_classmate.algo.classmate_prompt import PROMPT_MODES
 from openrlhf_classmate.algo.classmate_reward import CONDITIONS
 from openrlhf_classmate.algo.spans import TRUNCATION_MODES
@@ -120,7 +120,21 @@ class ClassmateConfig:
     dual_clip: float | None = field(default=None, metadata={"help": "Dual-clip constant of the classmate PPO term"})
     scorer: str = field(
         default="auto",
-        metadata={"help": "Scorer for classmate answers: auto = the label's data_source, or a registry name"},
+        metadata={"help": "How classmate answers are scored. auto (default): by the same reward path as the main "
+                          "answers (--reward.remote_url function or server, else the scorer registry); a registry "
+                          "name (e.g. math_verify): that registry scorer, whatever scores the main answers"},
+    )
+    main_scorer: str = field(
+        default="auto",
+        metadata={"help": "Registry scorer for the main answers when the scorer registry is the reward (no "
+                          "--reward.remote_url): auto (default) = the label's data_source, or a registry name that "
+                          "overrides it for every row (with or without a classmate)"},
+    )
+    stop_after_invalid_steps: int = field(
+        default=3,
+        metadata={"help": "A step whose main scores are all invalid (judge down, unparsable outputs) is skipped "
+                          "with a warning; if the first N steps of a run are all skipped, the run stops with an "
+                          "error (0 = never stop). Applies with or without a classmate. Default 3"},
     )
     seed_offset: int = field(default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this"})
     judge_base_url: str | None = field(
@@ -203,12 +217,16 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         real_vllm = vllm_spec is not None and not (vllm_spec.origin or "").startswith(shims.SHIM_DIRS["vllm"])
         args.engine.backend = "vllm" if real_vllm else "hf"
 
+    if c.loss_agg_mode in ("token-mean", "seq-mean-token-mean"):
+        args.actor.loss_agg_mode = c.loss_agg_mode  # upstream's PolicyLoss aggregates these itself
+    if args.actor.policy_loss_type == "gspo" and c.loss_agg_mode == "seq-mean-token-sum-norm":
+        _fail("--actor.policy_loss_type gspo is a sequence-level objective (upstream aggregates it per sequence): "
+              "drop --classmate.loss_agg_mode seq-mean-token-sum-norm")
     if not enabled:
-        if c.loss_agg_mode in ("token-mean", "seq-mean-token-mean"):
-            args.actor.loss_agg_mode = c.loss_agg_mode  # upstream's PolicyLoss aggregates these itself
-        for name, default in (("estimator", None), ("loss", "auto")):
+        for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):
             if getattr(c, name) != default:
-                _fail(f"--classmate.{name} {getattr(c, name)} needs a classmate: set --classmate.model_name_or_path")
+                _fail(f"--classmate.{name} {getattr(c, name)} needs a classmate: set --classmate.model_name_or_path"
+                      + (" (--classmate.main_scorer chooses the main answers' scorer)" if name == "scorer" else ""))
         return
 
     c.estimator = c.estimator or "gdpo"
@@ -240,9 +258,10 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
     if args.reward.model_name_or_path:
         _fail("classmate training needs the main rewards at rollout time, from a reward function or server "
               "(--reward.remote_url, or none for the scorer registry); --reward.model_name_or_path is not supported")
-    if args.algo.advantage.estimator == "gae":
-        _fail("classmate estimators replace the critic-free upstream estimators; --algo.advantage.estimator gae "
-              "is not supported with a classmate")
+    _check_upstream_advantage_options(args)
+    if args.train.agent_func_path and c.scorer == "auto":
+        _fail("with --train.agent_func_path the main reward comes from the agent, which cannot score the classmate's "
+              "answers: set --classmate.scorer to a scorer registry name (e.g. math_verify)")
     if c.loss == "vanilla_classmate":
         if c.estimator not in SEPARATED_ESTIMATORS:
             _fail("--classmate.loss vanilla_classmate needs separate main/classmate advantages: "
@@ -252,6 +271,9 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
                   "exist only with --classmate.prompt_mode splice")
         if n_models != 1 or c.samples != 1:
             _fail("--classmate.loss vanilla_classmate supports exactly one classmate model and --classmate.samples 1")
+        if args.actor.policy_loss_type != "ppo":
+            _fail("--classmate.loss vanilla_classmate is the reference's token-level two-ratio loss; "
+                  "--actor.policy_loss_type gspo has no meaning there: use --classmate.loss separated with gspo")
     if c.prompt_mode == "splice":
         _check_splice_vocab(args)
 
@@ -276,6 +298,37 @@ def _check_placement_fits(args: SimpleNamespace) -> None:
         _fail(f"--classmate.placement {c.placement}: --classmate.num_engines {c.num_engines} x "
               f"--classmate.tensor_parallel_size {c.tensor_parallel_size} = {need} GPUs do not fit {where}; "
               "lower the classmate engines or use --classmate.placement separate")
+
+
+# The per-stream baselines a classmate run can use: upstream's --algo.advantage.estimator names, same formulas
+# (openrlhf_classmate.algo.advantages.BASELINES). The others have no per-prompt-group baseline.
+CLASSMATE_UPSTREAM_ESTIMATORS = BASELINES
+_REFUSED_UPSTREAM_ESTIMATORS = {
+    "gae": "needs a critic; the classmate estimators are critic-free",
+    "reinforce": "has no baseline (only batch whitening); use reinforce_baseline for a group baseline + whitening",
+    "flash_reinforce": "uses one batch-wide baseline for single samples per prompt; use group_norm, dr_grpo or rloo",
+}
+
+
+def _check_upstream_advantage_options(args: SimpleNamespace) -> None:
+    """Upstream advantage options in a classmate run: honoured as upstream defines them, or refused here."""
+    advantage = args.algo.advantage
+    estimator = advantage.estimator
+    if estimator in _REFUSED_UPSTREAM_ESTIMATORS:
+        _fail(f"--algo.advantage.estimator {estimator} {_REFUSED_UPSTREAM_ESTIMATORS[estimator]} "
+              f"(with a classmate use one of {', '.join(CLASSMATE_UPSTREAM_ESTIMATORS)})")
+    if advantage.no_std_norm and estimator != "reinforce_baseline":
+        _fail(f"--algo.advantage.no_std_norm has no effect with --algo.advantage.estimator {estimator} (upstream "
+              "applies it to the batch whitening of reinforce_baseline only): use --algo.advantage.estimator "
+              "dr_grpo for group-mean-only advantages")
+    if advantage.gamma != 1.0:
+        _fail(f"--algo.advantage.gamma {advantage.gamma}: the classmate estimators are outcome-level and upstream "
+              f"resets gamma to 1 for {estimator}; drop --algo.advantage.gamma")
+    if advantage.lambd != 1.0:
+        _fail(f"--algo.advantage.lambd {advantage.lambd} is GAE's and has no effect without a critic; drop it")
+    if args.reward.normalize_enable:
+        _fail("--reward.normalize_enable normalises a reward model's output; a classmate run scores with a reward "
+              "function or server (--reward.remote_url), so drop --reward.normalize_enable")
 
 
 def _check_splice_vocab(args: SimpleNamespace) -> None:

@@ -18,7 +18,11 @@ import torch
 
 from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_classmate_inputs
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
-from openrlhf_classmate.algo.spans import cot_mask, think_token_ids, truncate_cot
+from openrlhf_classmate.algo.spans import cot_mask, prompt_opens_think, think_token_ids, truncate_cot
+from openrlhf_classmate.integration.classmate_scoring import ClassmateAnswer, Scorer, registry_scorer
+
+# Conditions that read the main score (classmate_reward.CONDITIONS).
+CONDITIONS_ON_MAIN = ("no_classmate_when_main_incorrect", "neg_classmate_when_main_incorrect")
 
 # vLLM finish reasons of a request that did not complete (client abort, engine-side error): its text is no answer,
 # so the call is masked like a failed score; "stop", "length" and "repetition" are real (possibly cut) answers
@@ -32,6 +36,13 @@ class ClassmateInputError(ValueError):
 def response_ids_of(sample) -> torch.Tensor:
     """Response token ids of a single-sample rollout ``Experience`` (``action_mask`` is aligned with seq[1:])."""
     return sample.sequences[0, 1:][sample.action_mask[0].bool()]
+
+
+def prompt_ids_of(sample) -> torch.Tensor:
+    """Prompt token ids of a single-sample rollout ``Experience`` (everything before the first action token)."""
+    action = sample.action_mask[0].bool()
+    first = int(action.nonzero()[0]) + 1 if action.any() else sample.sequences.shape[1]
+    return sample.sequences[0, :first]
 
 
 def label_dict(label, index: int) -> dict:
@@ -66,12 +77,14 @@ class Spans:
     cot_length: torch.Tensor  # [N] tokens of the (untruncated) CoT
     has_answer: torch.Tensor  # [N] bool
     skip: torch.Tensor  # [N] bool
+    prompt_opened: torch.Tensor  # [N] bool, the prompt ended inside a think block (the response starts in the CoT)
 
 
 @dataclass
 class PendingClassmate:
     spans: Spans
     labels: list[dict]
+    prompts: list[str]  # the main prompt texts (what upstream hands a reward function)
     inputs: list[list[ClassmateInput]]  # [K][N]
     refs: dict = field(default_factory=dict)  # (i, k, s) -> ObjectRef
     dispatched_at: float = 0.0
@@ -90,7 +103,8 @@ class ClassmateResult:
 
 
 class ClassmateStage:
-    def __init__(self, args, main_tokenizer, engines: list[list], classmate_tokenizers: list, scorer=None):
+    def __init__(self, args, main_tokenizer, engines: list[list], classmate_tokenizers: list,
+                 scorer: Scorer | None = None):
         self.args = args
         self.cfg = args.classmate
         self.main_tokenizer = main_tokenizer
@@ -100,11 +114,7 @@ class ClassmateStage:
         self.generator = torch.Generator().manual_seed(int(args.train.seed))
         self.request_seeds = np.random.default_rng([int(args.train.seed), 7])
         self.vanilla = self.cfg.loss == "vanilla_classmate"
-        if scorer is None:
-            from openrlhf_classmate.scoring import score_responses
-
-            scorer = score_responses
-        self.score = scorer
+        self.score = scorer if scorer is not None else registry_scorer()
         self._next_engine = [0] * len(engines)
 
     # ── spans ──
@@ -117,10 +127,12 @@ class ClassmateStage:
         for i, r in enumerate(responses):
             ids[i, : len(r)] = r
             mask[i, : len(r)] = True
-        full = cot_mask(ids, mask, self.open_id, self.close_id, self.main_tokenizer.eos_token_id)
+        opened = torch.tensor([prompt_opens_think(prompt_ids_of(s), self.open_id, self.close_id) for s in samples],
+                              dtype=torch.bool)
+        full = cot_mask(ids, mask, self.open_id, self.close_id, self.main_tokenizer.eos_token_id, starts_in_think=opened)
         kept, skip = truncate_cot(full, self.cfg.truncation, self.cfg.keep_min, self.cfg.keep_max, self.generator)
         cot = [kept.mask[i, : len(r)] for i, r in enumerate(responses)]
-        return Spans(responses, cot, full.length, full.has_answer, skip)
+        return Spans(responses, cot, full.length, full.has_answer, skip, opened)
 
     # ── dispatch / gather ──
 
@@ -156,7 +168,8 @@ class ClassmateStage:
             )
             for tok in self.tokenizers
         ]
-        pending = PendingClassmate(spans, labels, inputs, dispatched_at=time.time())
+        prompts = [str(s.prompts[0]) if s.prompts else "" for s in samples]
+        pending = PendingClassmate(spans, labels, prompts, inputs, dispatched_at=time.time())
         for k, per_model in enumerate(inputs):
             for i, request in enumerate(per_model):
                 if not request.valid:
@@ -172,16 +185,18 @@ class ClassmateStage:
         pending.dispatch_time = time.time() - pending.dispatched_at
         return pending
 
-    def gather(self, pending: PendingClassmate, main_rewards: torch.Tensor) -> ClassmateResult:
+    def gather(self, pending: PendingClassmate, main_rewards: torch.Tensor,
+               main_valid: torch.Tensor | None = None) -> ClassmateResult:
         import ray
 
         keys = list(pending.refs)
         outputs = dict(zip(keys, ray.get([pending.refs[key] for key in keys]))) if keys else {}
         n, k_models, s_samples = len(pending.labels), len(self.tokenizers), self.cfg.samples
 
-        texts, score_labels, where = [], [], []
+        answers, where = [], []
         lengths, finished_at = [], [pending.dispatched_at]
         reasons = Counter()
+        cot_texts: dict[int, str] = {}
         for (i, k, s), out in outputs.items():
             out = out[0]
             lengths.append(len(out["output_token_ids"]))
@@ -189,14 +204,17 @@ class ClassmateStage:
             if out.get("finish_reason") in FAILED_FINISH_REASONS:
                 reasons[f"generation_{out['finish_reason']}"] += 1  # stays invalid: masked, never scored 0
                 continue
-            texts.append(self.tokenizers[k].decode(out["output_token_ids"], skip_special_tokens=True))
-            label = pending.labels[i]
-            if self.cfg.scorer != "auto":
-                label = {**label, "data_source": self.cfg.scorer}
-            score_labels.append(label)
+            if i not in cot_texts:
+                cot_ids = pending.spans.response_ids[i][pending.spans.cot[i]].tolist()
+                cot_texts[i] = self.main_tokenizer.decode(cot_ids, skip_special_tokens=True)
+            answers.append(ClassmateAnswer(
+                text=self.tokenizers[k].decode(out["output_token_ids"], skip_special_tokens=True),
+                label=pending.labels[i], prompt=pending.prompts[i], cot=cot_texts[i],
+                prompt_opens_think=bool(pending.spans.prompt_opened[i]),
+            ))
             where.append((i, k, s))
         t_score = time.time()
-        results = self.score(texts, score_labels) if texts else []
+        results = self.score(answers) if answers else []
         score_time = time.time() - t_score
 
         scores = torch.zeros((n, k_models, s_samples), dtype=torch.float64)
@@ -213,6 +231,12 @@ class ClassmateStage:
         reward, sample_valid, raw_mean = combine_classmate_scores(
             scores, valid, main_rewards.double(), self.cfg.weights, self.cfg.reward_weight, self.cfg.condition
         )
+        if main_valid is not None and self.cfg.condition in CONDITIONS_ON_MAIN:
+            # the condition reads the main score; without a valid one the classmate reward is undefined too
+            lost = int((sample_valid & ~main_valid.bool()).sum())
+            reasons["main_score_invalid"] += lost * k_models * s_samples  # in requests, like the other reasons
+            sample_valid = sample_valid & main_valid.bool()
+            reward = torch.where(sample_valid, reward, 0.0)
 
         log_probs = None
         if self.vanilla:

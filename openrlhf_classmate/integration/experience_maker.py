@@ -3,10 +3,22 @@
 Per rollout batch (``make_experience_batch``):
 
 1. dispatch the classmate requests (CoT spans → classmate inputs → classmate engines);
-2. upstream ``make_experience_batch``: actor/ref forward passes, upstream advantages of the main reward;
+2. upstream ``make_experience_batch``: actor/ref forward passes, then upstream's reward shaping (length penalties on
+   ``experience.rewards``) and its advantages of the main reward; the per-token KL that upstream folds into the reward
+   and then drops is kept (``compute_advantages_and_returns``);
 3. gather and score the classmate answers, combine them into the classmate reward;
-4. replace the advantages with :func:`openrlhf_classmate.algo.advantages.compute_advantages` of both streams and
-   attach the per-token tensors (``ClassmateExperience`` fields).
+4. replace the advantages with :func:`openrlhf_classmate.algo.advantages.compute_advantages` of both streams, fed
+   with what upstream's own estimator uses: the penalised main rewards, the per-stream baseline of
+   ``--algo.advantage.estimator``, ``--reward.clip_range``, the KL return and (reinforce_baseline) the whitening;
+   then attach the per-token tensors (``ClassmateExperience`` fields) and log.
+
+Group-level reward hooks (``reward_hooks``: DARLING's diversity, VR-CLI's likelihood reward, ...) run first, on the
+whole rollout batch: each sets ``sample.rewards`` (and ``info["main_valid"]`` for samples it cannot score) in place
+and returns per-step metrics, so upstream's shaping, the classmate condition and every estimator see its rewards.
+
+Main scores the reward function marked invalid (``extra_logs["main_valid"] == 0``: judge down, unparsable rating)
+are masked out of the main statistics, in plain runs too; a batch with no valid main score raises
+:class:`AllScoresInvalidError` before any forward pass (the trainer skips the step).
 
 When the classmate shares GPUs with the actor/ref models (``--classmate.placement colocate``) step 3 runs before
 step 2 and the classmate engines sleep in between, because the forward passes need the memory; otherwise the
@@ -16,13 +28,28 @@ classmate generation overlaps the forward passes, and the overlap is measured an
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import ray
 import torch
+from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-from openrlhf_classmate.algo.advantages import compute_advantages, group_std
+from openrlhf_classmate.algo.advantages import BASELINES, SEPARATED, compute_advantages, group_std
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss
+
+
+class AllScoresInvalidError(RuntimeError):
+    """Every main score of the rollout batch is invalid: there is nothing to learn from this step."""
+
+
+class RewardHook(Protocol):
+    """A group-level main reward: sees the whole rollout batch (the n samples of a prompt are consecutive)."""
+
+    def __call__(self, maker: ClassmateExperienceMaker, rollout_samples: list) -> dict[str, float]:
+        """Set ``sample.rewards`` / ``sample.info["reward"]`` (and ``info["main_valid"] = 0`` where no score could
+        be computed) in place; return this step's metrics (logged under their names)."""
+        ...
 
 
 def _pad_rows(rows: list[torch.Tensor], fill) -> torch.Tensor:
@@ -41,13 +68,31 @@ def to_action_space(sample, per_response: torch.Tensor, fill) -> torch.Tensor:
     return out
 
 
+def main_validity(samples) -> torch.Tensor:
+    """[N] bool: the main score of each rollout sample is valid (our reward function logs ``main_valid``; a reward
+    function that does not is taken at its word)."""
+    flags = [s.info.get("main_valid") for s in samples]
+    return torch.tensor([True if f is None else bool(float(f.flatten()[0]) != 0.0) for f in flags])
+
+
+def _broadcast_valid_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``values`` with invalid entries replaced by the mean of the valid ones, so that any mean over samples that
+    upstream's logging takes equals the mean over valid samples (0 when none is valid)."""
+    values = values.float()
+    mean = values[valid].mean() if valid.any() else torch.tensor(0.0)
+    return torch.where(valid, values, mean)
+
+
 class ClassmateExperienceMaker(RemoteExperienceMaker):
-    def __init__(self, *args, classmate_stage=None, classmate_engines=None, colocated: bool = False, **kwargs):
+    def __init__(self, *args, classmate_stage=None, classmate_engines=None, colocated: bool = False,
+                 reward_hooks: list[RewardHook] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.reward_hooks = list(reward_hooks or [])
         self.stage = classmate_stage
         self.classmate_engines = list(classmate_engines or [])
         self.colocated = colocated
         self.sleep = colocated or bool(getattr(self.args.classmate, "enable_sleep", False))
+        self._kl: list[torch.Tensor | None] = []
 
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
@@ -61,23 +106,40 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
 
         if not registry_reward_in_use(self.args):
             return
-        override = getattr(self.args.classmate, "scorer", "auto")
+        override = getattr(self.args.classmate, "main_scorer", "auto")
         for sample in rollout_samples:
             label = parse_label(sample.labels[0])
             get_scorer(label["data_source"] if override == "auto" else override).check_label(label)
 
     @torch.no_grad()
+    def compute_advantages_and_returns(self, experiences):
+        # Upstream folds the per-token KL into the reward and then sets ``experience.kl = None``; the classmate
+        # estimators add the same KL return to the main stream, so keep it.
+        self._kl = [exp.kl for exp in experiences]
+        return super().compute_advantages_and_returns(experiences)
+
+    @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
         self.check_labels(rollout_samples)
+        hook_metrics: dict[str, float] = {}
+        for hook in self.reward_hooks:
+            hook_metrics.update(hook(self, rollout_samples))
+        main_valid = main_validity(rollout_samples)
+        if not main_valid.any():
+            raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid")
         if self.stage is None:
-            return super().make_experience_batch(rollout_samples)
-        main_rewards = torch.cat([s.rewards.float() for s in rollout_samples])
+            experiences = super().make_experience_batch(rollout_samples)
+            if not main_valid.all():
+                self._mask_invalid_main(rollout_samples, experiences, main_valid)
+            self._log_main(experiences, main_valid, hook_metrics)
+            return experiences
+        raw_main = torch.cat([s.rewards.float() for s in rollout_samples])  # before shaping: the condition's input
         t_start = time.time()
         if self.sleep:
             self._engines_call("wake_up")
         pending = self.stage.dispatch(rollout_samples)
         if self.colocated:
-            result = self.stage.gather(pending, main_rewards)
+            result = self.stage.gather(pending, raw_main, main_valid)
             self._engines_call("sleep")
             t_forward = time.time()
             experiences = super().make_experience_batch(rollout_samples)
@@ -87,78 +149,172 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             t_forward = time.time()
             experiences = super().make_experience_batch(rollout_samples)
             t_forward_end = time.time()
-            result = self.stage.gather(pending, main_rewards)
+            result = self.stage.gather(pending, raw_main, main_valid)
             if self.sleep:
                 self._engines_call("sleep")
             stage_time = max(result.finished_at, t_forward) - t_start
             overlap = max(0.0, min(t_forward_end, result.finished_at) - t_forward)
         result.metrics["classmate/actor_ref_forward_time"] = t_forward_end - t_forward  # for the step-time bench
-        self._attach(rollout_samples, experiences, main_rewards, result, stage_time, overlap)
+        out, cot, shaping = self._classmate_advantages(rollout_samples, experiences, main_valid, result)
+        self._attach(experiences, out, cot, rollout_samples, result)
+        shaping["penalty"] = shaping.pop("main_rewards") - raw_main.double()
+        self._log_classmate(experiences, rollout_samples, out, cot, main_valid, result, stage_time, overlap,
+                            shaping)
+        self._log_main(experiences, main_valid, hook_metrics)
         return experiences
 
-    def _attach(self, samples, experiences, main_rewards, result, stage_time: float, overlap: float) -> None:
+    # ── advantages ──
+
+    def _upstream_inputs(self, samples, experiences, width: int) -> dict:
+        """What upstream's estimator reads, in rollout order: penalised rewards, KL return, baseline, clip, whitening."""
         args = self.args
-        cfg = args.classmate
-        n_per_prompt = args.rollout.n_samples_per_prompt
-        group = torch.arange(len(samples)) // n_per_prompt
+        size = len(samples)
+        rewards = torch.zeros(size, dtype=torch.float64)
+        for exp in experiences:
+            rewards[torch.tensor(exp.index)] = exp.rewards.double()  # after upstream's length penalties
+        kl_return = None
+        if any(kl is not None and bool((kl != 0).any()) for kl in self._kl):
+            kl_return = torch.zeros(size, width)
+            for exp, kl in zip(experiences, self._kl):
+                # upstream's own functions with a zero outcome reward: Σ_{s≥t} -β·KL_s on the action tokens
+                zero = torch.zeros(kl.shape[0], dtype=kl.dtype)
+                per_token = compute_reward(zero, self.kl_ctl.value, kl, action_mask=exp.action_mask)
+                returns = self.get_cumulative_returns(per_token, exp.action_mask, 1.0)
+                kl_return[torch.tensor(exp.index), : returns.shape[1]] = returns.float()
+        estimator = args.algo.advantage.estimator
+        whiten = None
+        if estimator == "reinforce_baseline":
+            whiten = "mean" if args.algo.advantage.no_std_norm else "mean_std"
+        return dict(main_rewards=rewards, kl_return=kl_return, baseline=estimator,
+                    main_clip=tuple(args.reward.clip_range) if args.reward.clip_range else None, whiten=whiten,
+                    eps=1e-9 if estimator == "group_norm" else 1e-6)  # upstream's group_norm uses std + 1e-9
+
+    def _classmate_advantages(self, samples, experiences, main_valid, result):
+        cfg = self.args.classmate
+        group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
         action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
-        cot_action = [to_action_space(s, c, False) for s, c in zip(samples, result.cot)]
-        cot = _pad_rows(cot_action, False)
+        cot = _pad_rows([to_action_space(s, c, False) for s, c in zip(samples, result.cot)], False)
+        upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
+        shaping = {"main_rewards": upstream["main_rewards"], "kl_return": upstream["kl_return"],
+                   "response": action_masks}
         out = compute_advantages(
             cfg.estimator,
-            main_rewards,
-            result.reward,
+            upstream.pop("main_rewards"),
+            result.reward.double(),
             group,
             action_masks,
             cot,
-            cfg.token_mode,
-            not args.algo.advantage.no_std_norm,
+            token_mode=cfg.token_mode,
+            main_valid=main_valid,
             classmate_valid=result.valid,
             weights=tuple(cfg.gdpo_weights),
+            **upstream,
         )
-        separated = uses_separated_loss(args)
+        return out, cot, shaping
+
+    def _mask_invalid_main(self, samples, experiences, main_valid) -> None:
+        """Plain runs: invalid main scores leave the group statistics and get zero advantage."""
+        estimator = self.args.algo.advantage.estimator
+        if estimator not in BASELINES:
+            # gae / reinforce / flash_reinforce have no group statistics to leave out: just train nothing on them
+            for exp in experiences:
+                ok = main_valid[torch.tensor(exp.index)].unsqueeze(1)
+                exp.advantages = torch.where(ok, exp.advantages, torch.zeros_like(exp.advantages))
+            return
+        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
+        group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
+        upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
+        out = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, action_masks,
+                                 torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
+        for exp in experiences:
+            index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
+            exp.advantages = out["advantages"][index, :width].to(exp.advantages.dtype)
+
+    def _attach(self, experiences, out, cot, samples, result) -> None:
+        """The per-token tensors of both streams, onto each micro-batch experience (rows by ``experience.index``)."""
+        separated = uses_separated_loss(self.args)
         log_probs = None
         if result.classmate_log_probs is not None:
             log_probs = _pad_rows(
                 [to_action_space(s, lp, float("-inf")) for s, lp in zip(samples, result.classmate_log_probs)],
                 float("-inf"),
             )
-        main_std = group_std(main_rewards, group, torch.ones_like(result.valid))
-        classmate_std = group_std(result.reward, group, result.valid)
+        for exp in experiences:
+            index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
+            dtype = exp.action_log_probs.dtype
+            if separated:
+                exp.advantages = out["main_advantages"][index, :width].to(dtype)
+                exp.classmate_advantages = out["classmate_advantages"][index, :width].to(dtype)
+            else:
+                exp.advantages = out["advantages"][index, :width].to(dtype)
+            exp.cot_mask = cot[index, :width]
+            if log_probs is not None:
+                exp.classmate_log_probs = log_probs[index, :width]
 
+    # ── logging ──
+
+    def _log_main(self, experiences, main_valid, step_metrics: dict[str, float] | None = None) -> None:
+        """``reward`` over valid main scores only (upstream logs the mean of ``info["reward"]``), plus per-step
+        metrics (broadcast to every sample, so upstream's sample-weighted mean is the value itself)."""
+        rewards = torch.zeros(len(main_valid))
+        for exp in experiences:
+            rewards[torch.tensor(exp.index)] = exp.info["reward"].float()
+        logged = _broadcast_valid_mean(rewards, main_valid)
         for exp in experiences:
             index = torch.tensor(exp.index)
-            width = exp.action_mask.shape[1]
+            exp.info["reward"] = logged[index]
+            exp.info["main_valid"] = main_valid[index].float()
+            for key, value in (step_metrics or {}).items():
+                exp.info[key] = torch.full((len(exp.index),), float(value))
 
-            def rows(t: torch.Tensor, index=index, width=width) -> torch.Tensor:
-                return t[index, :width]
-
-            if separated:
-                exp.advantages = rows(out["main_advantages"]).to(exp.action_log_probs.dtype)
-                exp.classmate_advantages = rows(out["classmate_advantages"]).to(exp.action_log_probs.dtype)
-            else:
-                exp.advantages = rows(out["advantages"]).to(exp.action_log_probs.dtype)
-            exp.cot_mask = rows(cot)
-            if exp.classmate_advantages is not None:
-                # sanity metric: with classmate_partial the classmate advantage must vanish outside the CoT
-                outside = exp.action_mask.bool() & ~exp.cot_mask
-                exp.info["classmate/adv_abs_outside_cot"] = (exp.classmate_advantages.abs() * outside).sum(-1).float()
-                exp.info["classmate/adv_abs_on_cot"] = (
-                    (exp.classmate_advantages.abs() * exp.cot_mask).sum(-1) / exp.cot_mask.sum(-1).clamp(min=1)
-                ).float()
-            if log_probs is not None:
-                exp.classmate_log_probs = rows(log_probs)
-                on_cot = torch.where(exp.cot_mask, exp.classmate_log_probs, torch.zeros(()))
-                # how likely the classmate finds the main CoT, per token (vanilla_classmate's c_t numerator)
-                exp.info["classmate/cot_logprob"] = (on_cot.sum(-1) / exp.cot_mask.sum(-1).clamp(min=1)).float()
+    def _log_classmate(self, experiences, samples, out, cot, main_valid, result, stage_time: float,
+                       overlap: float, shaping: dict) -> None:
+        group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
+        main_rewards = torch.zeros(len(samples))
+        for exp in experiences:
+            main_rewards[torch.tensor(exp.index)] = exp.rewards.float()
+        main_std = group_std(main_rewards, group, main_valid)
+        classmate_std = group_std(result.reward, group, result.valid)
+        reward = _broadcast_valid_mean(result.reward, result.valid)
+        raw = _broadcast_valid_mean(result.raw_mean, result.valid)
+        cot_logprob = None
+        if result.classmate_log_probs is not None:
+            per_row = torch.stack([
+                torch.where(c, lp, torch.zeros(())).sum() / c.sum().clamp(min=1)
+                for lp, c in zip(result.classmate_log_probs, result.cot)
+            ])
+            has = torch.tensor([bool(torch.isfinite(lp[c]).all() and c.any())
+                                for lp, c in zip(result.classmate_log_probs, result.cot)])
+            cot_logprob = _broadcast_valid_mean(torch.where(has, per_row, torch.zeros(())), has)
+        separated = self.args.classmate.estimator in SEPARATED
+        # what upstream's reward shaping did to the main stream: length penalties (per response) and the KL return
+        # (per response token), so a user can see both options at work
+        penalty = float(shaping["penalty"][main_valid].mean()) if main_valid.any() else 0.0
+        kl_return = 0.0
+        if shaping["kl_return"] is not None:
+            kl_return = float(shaping["kl_return"][shaping["response"]].mean())
+        for exp in experiences:
+            index = torch.tensor(exp.index)
             b = len(exp.index)
-            exp.info["classmate/reward"] = result.reward[index]
-            exp.info["classmate/reward_raw"] = result.raw_mean[index]
+            if separated:
+                # sanity metric: with classmate_partial the classmate advantage must vanish outside the CoT
+                cm_adv = out["classmate_advantages"][index, : exp.action_mask.shape[1]]
+                m = exp.cot_mask
+                outside = exp.action_mask.bool() & ~m
+                exp.info["classmate/adv_abs_outside_cot"] = (cm_adv.abs() * outside).sum(-1).float()
+                exp.info["classmate/adv_abs_on_cot"] = ((cm_adv.abs() * m).sum(-1) / m.sum(-1).clamp(min=1)).float()
+            if cot_logprob is not None:
+                # how likely the classmate finds the main CoT, per token (vanilla_classmate's c_t numerator)
+                exp.info["classmate/cot_logprob"] = cot_logprob[index]
+            exp.info["classmate/reward"] = reward[index]
+            exp.info["classmate/reward_raw"] = raw[index]
             exp.info["classmate/valid"] = result.valid[index].float()
             exp.info["classmate/main_group_reward_std"] = main_std[index]
             exp.info["classmate/classmate_group_reward_std"] = classmate_std[index]
             exp.info["classmate/cot_tokens"] = cot[index].sum(-1).float()
             exp.info["classmate/stage_time"] = torch.full((b,), stage_time)
             exp.info["classmate/stage_overlap_time"] = torch.full((b,), overlap)
+            exp.info["classmate/main_length_penalty"] = torch.full((b,), penalty)
+            exp.info["classmate/main_kl_return"] = torch.full((b,), kl_return)
             for key, value in result.metrics.items():
                 exp.info[key] = torch.full((b,), float(value))
