@@ -52,10 +52,8 @@ need_trainer() {
   exit 3
 }
 env_setup() {
-  local path="$PWD"
-  [ -d "$WHEEL_SITE" ] && path="$WHEEL_SITE:$path"
-  [ -d "$VLLM_SITE" ] && path="$VLLM_SITE:$path"
-  export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+  # both sites, even before the install steps of this call create them (a missing entry is harmless)
+  export PYTHONPATH="$VLLM_SITE:$WHEEL_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not carried
   # DeepSpeed's JIT cannot parse arch suffixes such as the image's "9.0a": use the device's plain capability
