@@ -105,15 +105,27 @@ def test_gpu_validate_sh_parses_and_refuses_unknown_steps(tmp_path):
     assert res.returncode == 3 and "the machine is fresh" in res.stdout
 
 
-def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path):
+def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, monkeypatch):
+    import threading
     import time
 
     from openrlhf_classmate.testing.e2e import TIMEOUT_EXIT, kill_session, run_launcher
 
+    # a JIT build lock left by a build the kill interrupts (made while the launcher runs), and an older one
+    ext = tmp_path / "torch_extensions"
+    old_lock, new_lock = ext / "py_cpu" / "cpu_adam" / "lock", ext / "py_cpu" / "fused_adam" / "lock"
+    old_lock.parent.mkdir(parents=True)
+    new_lock.parent.mkdir(parents=True)
+    old_lock.touch()
+    os.utime(old_lock, (time.time() - 3600, time.time() - 3600))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+    threading.Timer(0.2, new_lock.touch).start()
     log = tmp_path / "launcher.log"
     t0 = time.time()
     assert run_launcher(["--help"], str(log), timeout=0.5) == TIMEOUT_EXIT  # still importing after 0.5 s
     assert time.time() - t0 < 40 and "killed after 0.5 s (timeout)" in log.read_text()
+    # later builds of that op would wait on the killed build's lock forever: it is gone, the older one is not ours
+    assert not new_lock.exists() and old_lock.exists() and f"removed the build lock {new_lock}" in log.read_text()
     # the session's other processes (Ray's, vLLM's) go too, not only its leader
     proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300"], start_new_session=True)
     time.sleep(0.3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
@@ -77,6 +78,7 @@ def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout
 
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",
            **(env or {})}
+    started = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -85,7 +87,30 @@ def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout
         except subprocess.TimeoutExpired:
             kill_session(proc)
             log.write(f"\n[run_launcher] killed after {timeout} s (timeout)\n")
+            for lock in release_build_locks(since=started):
+                log.write(f"[run_launcher] removed the build lock {lock} left by the killed session\n")
             return TIMEOUT_EXIT
+
+
+def release_build_locks(since: float) -> list[str]:
+    """Remove the torch-extension JIT build locks created since ``since`` (by builders of a session just killed).
+
+    DeepSpeed builds its ops (FusedAdam, CPUAdam, ...) with ``torch.utils.cpp_extension``, which guards a build with
+    a ``lock`` file and makes every later build of that op wait while the file exists; a build killed half-way
+    leaves it behind, and every later run would hang. Only locks newer than the killed run are touched."""
+    import glob
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                   "torch_extensions")
+    removed = []
+    for lock in glob.glob(os.path.join(root, "**", "lock"), recursive=True):
+        try:
+            if os.path.getmtime(lock) >= since - 1:
+                os.remove(lock)
+                removed.append(lock)
+        except OSError:
+            pass
+    return removed
 
 
 def kill_session(proc, grace: float = 15.0) -> None:
