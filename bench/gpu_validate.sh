@@ -1,39 +1,142 @@
 #!/usr/bin/env bash
-# GPU validation on one GPU (see bench/GPU_RESULTS.md). Usage, from the repository root:
-#   bash bench/gpu_validate.sh [validate|bench|all] [WHEEL_DIR]
-# validate: the CPU end-to-end classmate run on the GPU (ZeRO-2 separated, ZeRO-3 gdpo; 3 steps; checkpoint, HF save,
-#           conversion); bench: bench/actor_update.py (0.5B actor update, stock vs classmate losses).
-# WHEEL_DIR (optional): wheels to install first into $SITE (the lent machine has no internet; see
-# ../shared/tools/device_wheels/README.md). Results go to $OUT (default ./gpu_out); BENCH_ARGS are passed to
-# bench/actor_update.py (e.g. BENCH_ARGS="--repeats 16").
-set -euo pipefail
-what="${1:-all}"
-wheels="${2:-}"
-export OUT="${OUT:-$PWD/gpu_out}" SITE="${SITE:-$HOME/.cache/openrlhf_classmate/site}"
-mkdir -p "$OUT"
-if [ -n "$wheels" ] && [ ! -f "$SITE/.installed" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$wheels"/*.whl
-  touch "$SITE/.installed"
+# GPU validation and benchmarks on the lent GPU machine (results: bench/GPU_RESULTS.md). From the repository root:
+#
+#   bash bench/gpu_validate.sh STEP [STEP ...]
+#
+# Steps run in the order given; each writes its results under $OUT (default ./gpu_out) and prints a table:
+#   install-wheels  pip-install $WHEELS (default .device_wheels: ../shared/tools/device_wheels/make_wheels.sh) into
+#                   $WHEEL_SITE (default /root/site2): Ray, DeepSpeed, OpenRLHF and the rest of the trainer
+#   prepare-bench   build the Qwen2.5-0.5B-shaped random models of the step-time benchmark (CPU work, no run)
+#   stage-vllm-a    first half of the vLLM bundle (.vllm_bundle/a, ../shared/tools/device_vllm/) -> /root/vllm_bundle
+#   install-vllm    second half (.vllm_bundle/b): join, check, install vLLM 0.26.0 into $VLLM_SITE (/root/site)
+#   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
+#   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
+#   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)
+#   vllm2           bench/gpu_validate.py, two GPUs (share placement across GPUs; ZeRO-3 over both, colocated)
+#   steptime1 steptime2   bench/step_time.py --gpus 1|2: GRPO vs classmate GDPO step-time breakdown (STEP_ARGS)
+#   hf (= validate) bench/gpu_validate.py with HF engines (the first GPU validation)
+#   bench           bench/actor_update.py (BENCH_ARGS); all = validate + bench
+# Legacy form: `bash bench/gpu_validate.sh validate|bench|all [WHEEL_DIR]` installs WHEEL_DIR first.
+#
+# BUDGET_S (default 570): seconds this call may take in all; the python steps skip runs that would not finish in
+# what is left (a device call is killed at 600 s), so every call returns its JSON. Work files: $WORK
+# (default $HOME/gpu_work; it survives between calls while the machine stays warm).
+set -uo pipefail
+T0=$(date +%s)
+export OUT="${OUT:-$PWD/gpu_out}" WORK="${WORK:-$HOME/gpu_work}"
+VLLM_SITE="${VLLM_SITE:-/root/site}" WHEEL_SITE="${WHEEL_SITE:-/root/site2}" WHEELS="${WHEELS:-.device_wheels}"
+BUDGET_S="${BUDGET_S:-570}"
+mkdir -p "$OUT" "$WORK"
+exec > >(tee -a "$OUT/console.log") 2>&1
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+if [ ${#steps[@]} -eq 2 ] && [[ " validate bench all " == *" ${steps[0]} "* ]] && [ -d "${steps[1]}" ]; then
+  WHEELS="${steps[1]}" steps=(install-wheels "${steps[0]}")  # legacy: STEP WHEEL_DIR
 fi
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# DeepSpeed's JIT cannot parse arch suffixes such as the image's "9.0a": use the device's plain capability
-TORCH_CUDA_ARCH_LIST="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')"
-export TORCH_CUDA_ARCH_LIST
-export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0                  # HF engines (num_gpus=0) must still see the GPU
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt" || true
-python3 - <<'PY' | tee -a "$OUT/device.txt"
-from importlib.metadata import version
+expanded=()
+for step in "${steps[@]}"; do
+  if [ "$step" = all ]; then expanded+=(validate bench); else expanded+=("$step"); fi
+done
+steps=("${expanded[@]}")
+
+left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+need_vllm() {
+  [ -f "$VLLM_SITE/vllm/__init__.py" ] && return 0
+  echo "error: no vLLM in $VLLM_SITE: the machine is fresh; send the vLLM install calls (stage-vllm-a, install-vllm) again"
+  exit 3
+}
+need_trainer() {
+  python3 -c "import ray, deepspeed, openrlhf" 2>/dev/null && return 0
+  echo "error: Ray/DeepSpeed/OpenRLHF not importable: send the install-wheels call again (carry $WHEELS)"
+  exit 3
+}
+env_setup() {
+  # both sites, even before the install steps of this call create them (a missing entry is harmless)
+  export PYTHONPATH="$VLLM_SITE:$WHEEL_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not carried
+  # DeepSpeed's JIT cannot parse arch suffixes such as the image's "9.0a": use the device's plain capability
+  local arch
+  arch="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null)" \
+    && export TORCH_CUDA_ARCH_LIST="$arch"
+}
+env_setup
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+  python3 - <<'PY'
+from importlib.metadata import PackageNotFoundError, version
 import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, *(f"| {p} {version(p)}" for p in
-      ("transformers", "deepspeed", "ray", "openrlhf")))
+def v(p):
+    try:
+        return version(p)
+    except PackageNotFoundError:
+        return "-"
+print("torch", torch.__version__, "cuda", torch.version.cuda, *(f"| {p} {v(p)}" for p in
+      ("transformers", "deepspeed", "ray", "openrlhf", "vllm")))
 PY
+} > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
 status=0
-if [ "$what" = validate ] || [ "$what" = all ]; then
-  python3 bench/gpu_validate.py --out "$OUT" 2>&1 | tee "$OUT/validate.log" | grep -E "^(run|ZeRO)|Error|error:" || status=1
-  tail -4 "$OUT/validate.log"
-fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 bench/actor_update.py --out "$OUT/actor_update.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -vE "Train epoch|it/s" || status=1
-fi
+for step in "${steps[@]}"; do
+  echo "===== $step ($(left) s of BUDGET_S left)"
+  if [ "$(left)" -lt 30 ] && [[ "$step" != install-* && "$step" != stage-* ]]; then
+    echo "skipped: BUDGET_S used up"; status=1; continue
+  fi
+  case "$step" in
+    install-wheels)
+      if [ -f "$WHEEL_SITE/.installed" ]; then echo "wheels already in $WHEEL_SITE"
+      else
+        ls "$WHEELS"/*.whl >/dev/null || { echo "error: no wheels in $WHEELS"; exit 3; }
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WHEEL_SITE" \
+          "$WHEELS"/*.whl && touch "$WHEEL_SITE/.installed" || exit 3
+      fi ;;
+    stage-vllm-a)
+      mkdir -p /root/vllm_bundle && cp .vllm_bundle/a/* /root/vllm_bundle/ && ls -la /root/vllm_bundle || exit 3 ;;
+    install-vllm)
+      bash .vllm_bundle/b/install.sh "$VLLM_SITE" || exit 3 ;;
+    prepare-bench)
+      python3 bench/step_time.py --prepare-only || status=1 ;;
+    tests)
+      need_vllm; need_trainer
+      # the real vLLM's Python API under the CPU test suite (tests/conftest.py: DeepSpeed on its CPU accelerator)
+      timeout "$(left)" python3 -m pytest -q -p no:cacheprovider \
+        tests/test_sampling_params.py tests/test_shims.py tests/test_evaluate.py tests/test_hf_engine.py \
+        tests/test_vllm_engine_counter.py tests/test_upstream_pins.py tests/test_trainer.py \
+        tests/test_classmate_finish_reasons.py tests/test_launcher_args.py tests/test_experience_maker.py \
+        2>&1 | tee "$OUT/tests.txt" | tail -25
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    evaluate)
+      need_vllm
+      python3 bench/gpu_evaluate.py --out "$OUT" --budget-s "$(left)" || status=1 ;;
+    vllm1|vllm2|hf|validate|vllm1a|vllm1b)
+      need_trainer
+      case "$step" in
+        vllm1a) sel=(--runs zero2_separated_colocate --name vllm1a) ;;
+        vllm1b) sel=(--runs zero3_gdpo_share,zero3_vanilla_colocate --name vllm1b) ;;
+        validate) sel=(--plan hf --name validate) ;;
+        *) sel=(--plan "$step") ;;
+      esac
+      [ "$step" = hf ] || [ "$step" = validate ] || need_vllm
+      if [ "$step" = hf ] || [ "$step" = validate ]; then
+        export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0  # HF engines (num_gpus=0) must still see the GPU
+      fi
+      python3 bench/gpu_validate.py "${sel[@]}" --out "$OUT" --budget-s "$(left)" || status=1
+      unset RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO ;;
+    steptime1|steptime2)
+      need_vllm; need_trainer
+      # shellcheck disable=SC2086
+      python3 bench/step_time.py --gpus "${step#steptime}" --out "$OUT" --budget-s "$(left)" ${STEP_ARGS:-} \
+        || status=1 ;;
+    bench)
+      need_trainer
+      # shellcheck disable=SC2086
+      python3 bench/actor_update.py --out "$OUT/actor_update.json" ${BENCH_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s" \
+        || status=1 ;;
+    *)
+      echo "error: unknown step '$step' (see the header of bench/gpu_validate.sh)"; exit 2 ;;
+  esac
+done
+echo "===== done in $(( $(date +%s) - T0 )) s, status $status"
 exit $status

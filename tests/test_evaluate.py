@@ -106,13 +106,16 @@ class FakeLLM:
         answer = a + b if a % 2 == 0 else (a + b + 1) % 5
         return f"<think> {a} + {b} </think> {answer}"
 
+    finish_reasons: dict = {}  # prompt text fragment -> vLLM finish reason (default "stop")
+
     def generate(self, prompts, sampling_params=None, use_tqdm=True):
         self.calls.append({"prompts": prompts, "params": sampling_params, "use_tqdm": use_tqdm})
         outputs = []
         for p in prompts:
             text = self.tok.decode(p["prompt_token_ids"])
             ids = self.tok.encode(self.respond(text), add_special_tokens=False) + [self.tok.eos_token_id]
-            outputs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, finish_reason="stop")
+            reason = next((r for frag, r in self.finish_reasons.items() if frag in text), "stop")
+            outputs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, finish_reason=reason)
                                                     for _ in range(sampling_params.n)]))
         return outputs
 
@@ -122,6 +125,7 @@ def fake_vllm(monkeypatch):
     import vllm
 
     FakeLLM.instances = []
+    FakeLLM.finish_reasons = {}
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
     monkeypatch.setattr(generation, "resolve_backend", lambda backend: "vllm")
     monkeypatch.setattr(ev, "resolve_backend", lambda backend: "vllm")
@@ -175,6 +179,71 @@ def test_vllm_end_to_end_scores_classmate_agreement(world, tmp_path, fake_vllm):
     prompt = classmate.tok.decode(classmate.calls[0]["prompts"][0]["prompt_token_ids"])
     assert prompt.endswith(f"<|assistant|> \n <think> {a} + {b} </think> \n \n") and first in prompt
     assert classmate.calls[0]["params"].max_tokens == 8
+
+
+def test_greedy_with_several_samples_generates_once_and_repeats(world, fake_vllm):
+    # real vLLM refuses SamplingParams(n=3, temperature=0) ("n must be 1 when using greedy sampling")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(world["policy"])
+    prompts = [tok.encode(f"{a} + 1 = ?", add_special_tokens=False) for a in (1, 2)]
+    gen = VLLMGenerator(world["policy"], progress=False)
+    out = gen.generate(prompts, GenParams(max_new_tokens=5, temperature=0.0, n=3))
+    params = fake_vllm.instances[0].calls[0]["params"]
+    assert (params.n, params.temperature) == (1, 0.0)
+    assert [len(o) for o in out] == [3, 3] and all(o[0] == o[1] == o[2] for o in out)
+
+
+def test_hf_greedy_with_several_samples_matches_one_greedy_sample(world):
+    gen = generation.HFGenerator(world["policy"], batch_size=2, progress=False, device="cpu")
+    prompts = [[3, 4, 5], [4, 5], [5]]
+    many = gen.generate(prompts, GenParams(max_new_tokens=6, temperature=0.0, n=2))
+    one = gen.generate(prompts, GenParams(max_new_tokens=6, temperature=0.0, n=1))
+    assert [[g.token_ids for g in o] for o in many] == [[o[0].token_ids] * 2 for o in one]
+
+
+def test_vllm_finish_reasons_are_kept_and_failed_generations_are_invalid(world, tmp_path, fake_vllm):
+    rows = _rows(world["data"])
+    firsts = sorted({row["prompt"][0]["content"][0] for row in rows})
+    assert len(firsts) >= 3
+    by_first = {firsts[0]: "abort", firsts[1]: "repetition"}
+    fake_vllm.finish_reasons = {f"{a} + ": reason for a, reason in by_first.items()}
+    out = tmp_path / "eval"
+    ev.run(_args(world, out, "--backend", "vllm", "--max-new-tokens", "20"))
+    records = _rows(out / "samples.jsonl")
+    seen = set()
+    for r, row in zip(records, rows):
+        reason = by_first.get(row["prompt"][0]["content"][0], "stop")
+        seen.add(reason)
+        assert r["finish_reason"] == reason  # vLLM's reason, not folded into "stop"
+        if reason == "abort":
+            assert r["valid"] is False and r["score"] == 0.0 and "'abort'" in r["reason"]
+        else:
+            assert r["valid"] is True  # a repetition-cut answer is still an answer, scored as such
+    assert seen == {"abort", "repetition", "stop"}
+
+
+def test_close_shuts_the_engine_core_down(world, fake_vllm):
+    gen = VLLMGenerator(world["policy"], progress=False)
+    calls = []
+    gen.llm.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(shutdown=lambda: calls.append("shutdown")))
+    gen.close()
+    assert calls == ["shutdown"] and gen.llm is None
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--temperature", "2.5"], r"--temperature 2.5 .* temperature must be in \[0, 2\]"),
+    (["--top-p", "0"], r"top_p must be in \(0, 1\]"),
+    (["--top-k", "-3"], "top_k must be 0"),
+    (["--classmate-temperature", "-1", "--classmate", "CLASSMATE"], "--classmate-temperature -1.0 .* non-negative"),
+])
+def test_sampling_settings_vllm_rejects_fail_up_front(world, tmp_path, capsys, extra, message):
+    extra = [world["classmate"] if x == "CLASSMATE" else x for x in extra]
+    assert ev.main(["--model", world["policy"], "--data", world["data"], "--output-dir", str(tmp_path / "o"),
+                    "--backend", "hf", *extra]) == 1
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert not (tmp_path / "o").exists()  # nothing generated or written
 
 
 # ── the CoT monitor against the fake judge server ──

@@ -461,6 +461,7 @@ def test_separated_advantages_live_on_the_cot_and_the_stage_overlaps_the_forward
         assert torch.all(exp.info["classmate/valid"] == 1)
         assert torch.all(exp.info["classmate/adv_abs_outside_cot"] == 0)
         assert torch.all(exp.info["classmate/stage_time"] >= exp.info["classmate/stage_overlap_time"])
+        assert torch.all(exp.info["classmate/actor_ref_forward_time"] >= 0)  # logged for the step-time bench
 
 
 def test_colocated_classmate_finishes_and_sleeps_before_the_forwards(world, fake_ray):

@@ -1,4 +1,5 @@
-"""The HF engine (vLLM stand-in) and the classmate executor, on a real tiny model."""
+"""The HF engine (vLLM stand-in) and the classmate executor, on a real tiny model, on the CPU also where a GPU is
+visible (these files also run on the GPU machine against the real vLLM; the checks are exact)."""
 
 import asyncio
 import math
@@ -21,7 +22,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture()
 def engine(model_dir):
-    return HFEngine(model=model_dir, seed=0, max_model_len=64, max_batch=8)
+    return HFEngine(model=model_dir, seed=0, max_model_len=64, max_batch=8, device="cpu")
 
 
 def _manual_logprobs(model, ids: list[int]) -> list[float]:
@@ -63,7 +64,7 @@ def test_sampling_is_seeded_and_respects_max_tokens(model_dir):
     params = SamplingParams(temperature=1.0, max_tokens=4)
 
     def sample(seed):
-        engine = HFEngine(model=model_dir, seed=seed)
+        engine = HFEngine(model=model_dir, seed=seed, device="cpu")
         return [asyncio.run(engine.generate([3, 4, 5], params)).outputs[0].token_ids for _ in range(3)]
 
     assert sample(1) == sample(1)
@@ -72,7 +73,7 @@ def test_sampling_is_seeded_and_respects_max_tokens(model_dir):
 
 
 def test_prompt_too_long_for_max_model_len_is_an_error(model_dir):
-    engine = HFEngine(model=model_dir, seed=0, max_model_len=4)
+    engine = HFEngine(model=model_dir, seed=0, max_model_len=4, device="cpu")
     with pytest.raises(ValueError, match="no room in max_model_len 4"):
         asyncio.run(engine.generate([3, 4, 5, 6], SamplingParams(max_tokens=2)))
 
@@ -119,7 +120,7 @@ def test_cot_prompt_logprobs_reads_vllm_format():
 
 def test_top_k_off_samples_from_the_whole_vocabulary(model_dir, monkeypatch):
     # vLLM's top_k=-1 means no top-k; transformers would silently apply its default of 50 given None
-    engine = HFEngine(model=model_dir, seed=0)
+    engine = HFEngine(model=model_dir, seed=0, device="cpu")
     seen = {}
     real = engine.model.generate
 
@@ -132,3 +133,24 @@ def test_top_k_off_samples_from_the_whole_vocabulary(model_dir, monkeypatch):
     assert seen["top_k"] == 0
     asyncio.run(engine.generate([3, 4], SamplingParams(temperature=1.0, top_k=5, max_tokens=2)))
     assert seen["top_k"] == 5
+
+
+def test_min_tokens_holds_eos_back_as_vllm_does(engine):
+    # OpenRLHF's rollout passes min_tokens=1; with min_tokens == max_tokens no stop token can end a response early
+    params = SamplingParams(temperature=1.0, max_tokens=5, min_tokens=5, seed=1)
+
+    async def run():
+        return await asyncio.gather(*(engine.generate([3, 4, 5], params) for _ in range(8)))
+
+    outs = [o.outputs[0] for o in asyncio.run(run())]
+    assert all(len(o.token_ids) == 5 and engine.eos_token_id not in o.token_ids for o in outs)
+    assert {o.finish_reason for o in outs} == {"length"}
+
+
+@pytest.mark.parametrize("kwargs", [{"stop": ["="]}, {"presence_penalty": 0.5}, {"n": 2}, {"ignore_eos": True},
+                                    {"frequency_penalty": -0.2}])
+def test_sampling_options_the_hf_engine_cannot_honour_are_refused(engine, kwargs):
+    params = SamplingParams(temperature=1.0, max_tokens=2, **kwargs)
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"does not support SamplingParams.{name}"):
+        asyncio.run(engine.generate([3, 4], params))

@@ -121,10 +121,31 @@ def test_missing_config_file_is_named():
         (CLASSMATE + ["--rollout.n_samples_per_prompt", "1"], "n_samples_per_prompt >= 2"),
         (CLASSMATE + ["--vllm.num_engines", "0"], "--vllm.num_engines >= 1"),
         (CLASSMATE + ["--reward.model_name_or_path", "rm"], "--reward.model_name_or_path is not supported"),
+        (CLASSMATE + ["--classmate.placement", "share", "--classmate.num_engines", "2"],
+         "--classmate.num_engines 2 x --classmate.tensor_parallel_size 1 = 2 GPUs do not fit the policy engines' "
+         "placement group (1 GPUs = --vllm.num_engines 1 x --vllm.tensor_parallel_size 1)"),
+        (CLASSMATE + ["--classmate.placement", "colocate", "--train.colocate_actor_ref",
+                      "--classmate.tensor_parallel_size", "2"],
+         "= 2 GPUs do not fit the actor/ref placement group (1 GPUs = --actor.num_nodes 1 x"),
+        (["--rollout.temperature", "2.5"], "--rollout.temperature 2.5 / --rollout.top_p 1.0 / --rollout.max_new_tokens "
+         "None: vLLM rejects these sampling settings: temperature must be in [0, 2], got 2.5"),
+        (["--rollout.top_p", "0"], "top_p must be in (0, 1], got 0.0"),
+        (["--eval.dataset", "e.jsonl", "--eval.temperature", "-1"], "--eval.temperature -1.0 / --rollout.top_p 1.0: "
+         "vLLM rejects these sampling settings: temperature must be non-negative"),
+        (CLASSMATE + ["--classmate.top_k", "-5"], "--classmate.top_k -5 / --classmate.max_new_tokens 512: vLLM "
+         "rejects these sampling settings: top_k must be 0 (disable), or at least 1, got -5."),
     ],
 )
 def test_invalid_classmate_combinations_fail_up_front(extra, message):
-    assert message in _error(BASE + extra)
+    error = _error(BASE + extra)
+    assert error.startswith("error: ") and message in error
+
+
+def test_placements_that_fit_and_sampling_vllm_accepts_pass():
+    args = parse_args(BASE + CLASSMATE + ["--vllm.num_engines", "2", "--classmate.placement", "share",
+                                          "--classmate.num_engines", "2", "--classmate.temperature", "0",
+                                          "--rollout.temperature", "0.001"])
+    assert args.classmate.num_engines == 2
 
 
 def _save_tokenizer(path, words):

@@ -12,6 +12,8 @@ import openrlhf_classmate
 from openrlhf_classmate import shims
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the stand-in's own behaviour can only be checked where it is in use (on the GPU machine the real vLLM wins)
+needs_vllm_shim = pytest.mark.skipif("vllm" not in openrlhf_classmate.SHIMMED, reason="the real vLLM is installed")
 
 
 def _run(code: str, extra_path: str | None = None) -> subprocess.CompletedProcess:
@@ -23,6 +25,7 @@ def _run(code: str, extra_path: str | None = None) -> subprocess.CompletedProces
     )
 
 
+@needs_vllm_shim
 def test_ppo_path_of_openrlhf_imports_with_the_shims():
     res = _run(
         """
@@ -73,6 +76,7 @@ def test_flash_attn_stays_unavailable_to_transformers():
     assert is_flash_attn_2_available() is False
 
 
+@needs_vllm_shim
 def test_vllm_stand_ins_raise_a_clear_error_for_real_work():
     import vllm
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
@@ -91,6 +95,7 @@ def test_vllm_stand_ins_raise_a_clear_error_for_real_work():
 
 
 def test_vllm_sampling_params_carry_the_fields_openrlhf_and_we_use():
+    # runs against the real vLLM too: the stand-in's names and formats are vLLM's
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.utils import random_uuid
@@ -100,7 +105,7 @@ def test_vllm_sampling_params_carry_the_fields_openrlhf_and_we_use():
     assert (sp.temperature, sp.top_k, sp.prompt_logprobs, sp.logprobs, sp.n) == (0.7, 5, 0, 1, 2)
     assert TokensPrompt(prompt_token_ids=[1, 2])["prompt_token_ids"] == [1, 2]
     a, b = random_uuid(), random_uuid()
-    assert a != b and len(a) == 32
+    assert a != b and len(a) == 16 and int(a, 16) >= 0  # 16 hex characters, as vLLM 0.26-0.29
 
 
 def test_bert_padding_round_trip_matches_the_mask():

@@ -82,6 +82,58 @@ def test_engine_factory_forwards_upstreams_positional_call_unchanged(monkeypatch
                         agent_func_path=None, remote_rm_url=["r.py"], max_images_per_prompt=0)
 
 
+class _ReadyEngine:
+    """An engine whose readiness probe is logged (an actor answers only after its __init__ finished)."""
+
+    def __init__(self, name, log):
+        self.get_num_unfinished_requests = _Method(lambda: log.append(f"ready {name}") or 0)
+
+
+def _placement_args(placement):
+    return SimpleNamespace(
+        engine=SimpleNamespace(backend="vllm", hf_max_batch=8),
+        train=SimpleNamespace(seed=1, full_determinism_enable=False),
+        vllm=SimpleNamespace(enforce_eager=True),
+        classmate=SimpleNamespace(placement=placement, model_name_or_path=["a", "b"], num_engines=1,
+                                  tensor_parallel_size=1, max_context=64, gpu_memory_utilization=0.2,
+                                  enable_sleep=False, seed_offset=10_000),
+    )
+
+
+def _factory_log(monkeypatch, placement):
+    from openrlhf_classmate.integration import patches
+
+    log = []
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    monkeypatch.setattr(patches, "recorded_placement_groups", lambda: ["actor-pg"])
+    factory = EngineFactory(_placement_args(placement))
+
+    def create(**kw):
+        log.append(f"create {kw['pretrain']} pg={kw['shared_pg']}")
+        return [_ReadyEngine(kw["pretrain"], log)]
+
+    monkeypatch.setattr(factory, "create", create)
+    factory.policy(1, 1, "policy", 1, False, False, True, 64, "policy-pg", 0.2, False, None)
+    factory.classmate()
+    return log
+
+
+def test_engines_sharing_a_gpu_start_one_group_at_a_time(monkeypatch):
+    # vLLM profiles free GPU memory while it starts: the classmate groups on the policy engines' GPU must wait
+    # for the policy engines, and for each other, and be up before upstream loads the actor/ref models
+    assert _factory_log(monkeypatch, "share") == [
+        "create policy pg=policy-pg", "ready policy", "create a pg=policy-pg", "ready a", "create b pg=policy-pg",
+        "ready b"]
+    assert _factory_log(monkeypatch, "colocate") == [
+        "create policy pg=policy-pg", "ready policy", "create a pg=actor-pg", "ready a", "create b pg=actor-pg",
+        "ready b"]
+
+
+def test_engines_on_their_own_gpus_start_concurrently(monkeypatch):
+    assert _factory_log(monkeypatch, "separate") == [
+        "create policy pg=policy-pg", "create a pg=None", "create b pg=None"]
+
+
 def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monkeypatch):
     import pytest
     from openrlhf.trainer.ppo_trainer import PPOTrainer

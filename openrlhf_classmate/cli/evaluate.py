@@ -34,7 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims)
-from openrlhf_classmate.eval.generation import BACKENDS, GenParams, make_generator, resolve_backend
+from openrlhf_classmate.eval.generation import (
+    BACKENDS,
+    FAILED_FINISH_REASONS,
+    GenParams,
+    is_greedy,
+    make_generator,
+    resolve_backend,
+)
 
 
 class EvaluationError(ValueError):
@@ -70,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend")
     gen.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm backend")
     gen.add_argument("--max-model-len", type=int, default=None, help="vllm backend (default: the model's)")
+    gen.add_argument("--enforce-eager", action="store_true",
+                     help="vllm backend: no CUDA graphs / compilation (faster start, slower decoding)")
     gen.add_argument("--no-chat-template", action="store_true", help="use string prompts as they are")
     gen.add_argument("--chat-template-kwargs", default="{}", help='JSON, e.g. \'{"enable_thinking": true}\'')
     gen.add_argument("--think-open", default="<think>")
@@ -206,8 +215,13 @@ def _check_args(args, rows: list[Row]) -> None:
         raise EvaluationError("--monitor needs a judge: --judge-base-url (and --judge-model)")
     if args.samples < 1 or args.max_new_tokens < 1:
         raise EvaluationError("--samples and --max-new-tokens must be >= 1")
-    if args.samples > 1 and args.temperature == 0:
-        log("warning: --samples > 1 with greedy decoding gives identical samples; set --temperature")
+    _check_sampling("", args.samples, args.temperature, args.top_p, args.top_k, args.max_new_tokens)
+    if args.classmate:
+        _check_sampling("classmate-", 1, args.classmate_temperature, args.top_p, args.top_k,
+                        args.classmate_max_new_tokens)
+    if args.samples > 1 and is_greedy(args.temperature):
+        log(f"note: greedy decoding: the {args.samples} samples per prompt are identical (generated once); "
+            "set --temperature > 0 to sample")
     for i, row in enumerate(rows):
         source = args.scorer if args.scorer != "auto" else row.label.get("data_source")
         try:
@@ -216,6 +230,20 @@ def _check_args(args, rows: list[Row]) -> None:
                 monitor_is_binary(source)
         except LabelError as e:
             raise EvaluationError(f"row {i}: {e}") from None
+
+
+def _check_sampling(prefix: str, n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> None:
+    """Refuse up front what vLLM's ``SamplingParams`` refuses (the CPU stand-in checks the same), naming the flags."""
+    from vllm import SamplingParams
+
+    try:
+        # greedy with several samples is generated once (eval.generation.generate_n): check it with n=1 as it runs
+        SamplingParams(n=1 if is_greedy(temperature) else n, temperature=temperature, top_p=top_p, top_k=top_k,
+                       max_tokens=max_new_tokens)
+    except Exception as e:  # noqa: BLE001  (vLLM 0.26 raises ValueError/TypeError, 0.29 VLLMValidationError)
+        raise EvaluationError(f"--{prefix}temperature {temperature} / --top-p {top_p} / --top-k {top_k} / "
+                              f"--{prefix}max-new-tokens {max_new_tokens}: vLLM rejects these sampling settings: "
+                              f"{e}") from None
 
 
 # ── the run ──────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -234,7 +262,7 @@ def _score_labels(args, labels: list[dict]) -> list[dict]:
 def _generator(args, factory: Callable, model: str, max_model_len: int | None = None):
     return factory(args.backend, model, batch_size=args.batch_size, dtype=args.dtype, seed=args.seed,
                    tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                   max_model_len=max_model_len, progress=not args.quiet)
+                   max_model_len=max_model_len, progress=not args.quiet, enforce_eager=args.enforce_eager)
 
 
 def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
@@ -292,6 +320,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     labels = [rows[r["prompt_index"]].label for r in records]
     log(f"scoring {len(records)} answers")
     main_results = score_responses([r["answer"] for r in records], _score_labels(args, labels), judge=judge)
+    main_results = [_unless_failed(res, r["finish_reason"]) for r, res in zip(records, main_results, strict=True)]
     for r, res in zip(records, main_results, strict=True):
         r.update(score=float(res.score), valid=bool(res.valid), extracted=res.extracted,
                  explanation=res.explanation, reason=res.reason)
@@ -322,6 +351,15 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     print(format_table(groups))
     log(f"wrote {args.output_dir}/samples.jsonl, summary.json" + (f", {', '.join(summary['plots'])}" if plots else ""))
     return summary
+
+
+def _unless_failed(result, finish_reason: str | None):
+    """A generation vLLM aborted or failed is no answer: its score is invalid (masked), never the scorer's 0."""
+    from openrlhf_classmate.scoring import ScoreResult
+
+    if finish_reason in FAILED_FINISH_REASONS:
+        return ScoreResult.invalid(f"generation finished with {finish_reason!r}")
+    return result
 
 
 def _finite(value):
@@ -372,6 +410,7 @@ def _run_classmate(args, generator_factory, main_tokenizer, rows, records, split
             finish[i] = out[0].finish_reason
     scored = score_responses([texts[i] for i in todo], _score_labels(args, [labels[i] for i in todo]), judge=judge
                              ) if todo else []
+    scored = [_unless_failed(res, finish[i]) for i, res in zip(todo, scored, strict=True)]
     results = dict(zip(todo, scored, strict=True))
     for i, r in enumerate(records):
         r["classmate_input_tokens"] = len(inputs[i].input_ids) if inputs[i].valid else None

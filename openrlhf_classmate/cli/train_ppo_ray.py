@@ -79,6 +79,17 @@ def init_ray(args, extra_env: dict[str, str]) -> None:
         ray.init(num_cpus=16, num_gpus=8, runtime_env=runtime_env, include_dashboard=False)
 
 
+def wait_until_ready(engines: list) -> None:
+    """Block until every engine actor has finished ``__init__`` (an actor runs method calls only after it).
+
+    vLLM sizes its KV cache by profiling the GPU's free memory during start-up; an engine (or DeepSpeed model) that
+    starts on the same GPU meanwhile corrupts that measurement, so engines sharing a GPU start one group at a time."""
+    import ray
+
+    if engines:
+        ray.get([engine.get_num_unfinished_requests.remote() for engine in engines])
+
+
 class EngineFactory:
     """Stands in for upstream ``create_vllm_engines``: HF engines for ``--engine.backend hf``; with classmate
     placement ``share`` the policy engines get an explicit placement group the classmate engines join."""
@@ -86,6 +97,7 @@ class EngineFactory:
     def __init__(self, args):
         self.args = args
         self.policy_pg = None
+        self.policy_engines: list = []
 
     def create(self, *args, **kwargs):
         if self.args.engine.backend == "hf":
@@ -113,7 +125,8 @@ class EngineFactory:
             bound["shared_pg"] = placement_group([{"GPU": 1, "CPU": 1}] * gpus, strategy="PACK")
             ray.get(bound["shared_pg"].ready())
         self.policy_pg = bound.get("shared_pg")
-        return self.create(**bound)
+        self.policy_engines = self.create(**bound)
+        return self.policy_engines
 
     def classmate(self) -> tuple[list[list], bool]:
         """One engine group per classmate model; returns (groups, colocated with actor/ref)."""
@@ -123,6 +136,9 @@ class EngineFactory:
             shared_pg, colocated = patches.recorded_placement_groups()[0], True
         elif cfg.placement == "share":
             shared_pg = self.policy_pg
+        shares_a_gpu = cfg.placement != "separate"
+        if shares_a_gpu:
+            wait_until_ready(self.policy_engines)  # the policy engines may still be profiling GPU memory
         groups = []
         for k, path in enumerate(cfg.model_name_or_path):
             groups.append(self.create(
@@ -141,6 +157,8 @@ class EngineFactory:
                 agent_func_path=CLASSMATE_EXECUTOR_PATH,
                 remote_rm_url=None,
             ))
+            if shares_a_gpu:
+                wait_until_ready(groups[-1])  # before the next group, and before upstream loads actor/ref models
         return groups, colocated
 
 
@@ -180,12 +198,15 @@ def run(args) -> TrainerFactory:
     trainer = TrainerFactory(args, engines)
     patches.install_launcher(engines.policy, ray.remote(num_gpus=1)(ClassmatePolicyModelActor), trainer)
     upstream.train(args)
-    if args.engine.backend == "hf" and trainer.handle is not None:
-        # HF engines count their weight updates: record them next to the checkpoints (classmate must stay at 0)
+    if trainer.handle is not None:
+        # every engine counts the complete weight syncs it received (HF: load_weights; vLLM: CountingRolloutActor):
+        # record them next to the checkpoints, so runs can check policy = steps and classmate = 0
         updates = ray.get(trainer.handle.engine_weight_updates.remote())
         os.makedirs(args.ckpt.path, exist_ok=True)
-        with open(os.path.join(args.ckpt.path, "engine_weight_updates.json"), "w") as f:
+        path = os.path.join(args.ckpt.path, "engine_weight_updates.json")
+        with open(path + ".tmp", "w") as f:
             json.dump(updates, f)
+        os.replace(path + ".tmp", path)
     return trainer
 
 

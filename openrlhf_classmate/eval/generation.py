@@ -1,13 +1,16 @@
 """Generation backends of ``openrlhf_classmate.cli.evaluate``: vLLM (``LLM.generate`` on token-id prompts, vLLM 0.29
 API) and plain transformers ``generate`` (CPU, or GPU machines without vLLM). Both take prompt token ids and return,
-per prompt, ``n`` generations (token ids including a final EOS, and why generation stopped)."""
+per prompt, ``n`` generations (token ids including a final EOS, and why generation stopped).
+
+Greedy decoding (temperature 0) with ``n > 1`` generates once and repeats the result ``n`` times: the samples would
+be identical anyway, and vLLM refuses ``SamplingParams(n > 1, temperature=0)``."""
 
 from __future__ import annotations
 
 import gc
 import importlib.util
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 BACKENDS = ("auto", "vllm", "hf")
 VLLM_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -31,7 +34,27 @@ class Generation:
     token_ids: list[int]
     """Generated ids, ending with the stop (EOS) token when generation stopped on one."""
     finish_reason: str
-    """``stop`` (a stop token) or ``length`` (``max_new_tokens`` reached)."""
+    """vLLM's reason, unchanged: ``stop`` (a stop token), ``length`` (``max_new_tokens`` or the context reached),
+    ``repetition`` (vLLM's repetition detection cut it), ``abort`` / ``error`` (the request did not complete: see
+    :data:`FAILED_FINISH_REASONS`). The HF backend produces ``stop`` and ``length`` only."""
+
+
+FAILED_FINISH_REASONS = ("abort", "error")
+"""Finish reasons of generations that are no answer at all; ``evaluate`` marks their scores invalid."""
+
+
+def is_greedy(temperature: float) -> bool:
+    """vLLM decodes greedily at temperature 0 (it raises any positive temperature below 0.01 to 0.01)."""
+    return temperature < 1e-5
+
+
+def generate_n(generate_one: Callable, prompts: Sequence[Sequence[int]], params: GenParams, desc: str
+               ) -> list[list[Generation]]:
+    """``generate_one(prompts, params, desc)`` for ``params.n`` samples; greedy with ``n > 1`` runs once with
+    ``n = 1`` and repeats each generation ``n`` times (identical by definition of greedy decoding)."""
+    if params.n > 1 and is_greedy(params.temperature):
+        return [[gens[0]] * params.n for gens in generate_one(prompts, replace(params, n=1), desc)]
+    return generate_one(prompts, params, desc)
 
 
 def real_vllm_available() -> bool:
@@ -57,18 +80,23 @@ class VLLMGenerator:
 
     def __init__(self, model: str, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
                  max_model_len: int | None = None, dtype: str = "auto", seed: int = 0, progress: bool = True,
-                 llm_cls: Callable | None = None):
+                 enforce_eager: bool = False, llm_cls: Callable | None = None):
         if llm_cls is None:
             from vllm import LLM as llm_cls  # noqa: N811
         kwargs = dict(model=model, tensor_parallel_size=tensor_parallel_size,
                       gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed, trust_remote_code=True)
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        if enforce_eager:
+            kwargs["enforce_eager"] = True
         self.llm = llm_cls(**kwargs)
         self.progress = progress
 
     def generate(self, prompts: Sequence[Sequence[int]], params: GenParams, desc: str = "generating"
                  ) -> list[list[Generation]]:
+        return generate_n(self._generate, prompts, params, desc)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: GenParams, desc: str) -> list[list[Generation]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -85,13 +113,16 @@ class VLLMGenerator:
         outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=self.progress)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
-        return [
-            [Generation(list(c.token_ids), "length" if c.finish_reason == "length" else "stop") for c in out.outputs]
-            for out in outputs
-        ]
+        return [[Generation(list(c.token_ids), str(c.finish_reason)) for c in out.outputs] for out in outputs]
 
     def close(self) -> None:
-        self.llm = None
+        """Shut the engine down and free its GPU memory, so that the next ``LLM`` (the classmate's) gets it: vLLM
+        runs the engine core in a subprocess that dropping the ``LLM`` object alone does not reliably end."""
+        llm, self.llm = self.llm, None
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del llm, engine_core
         gc.collect()
         try:
             import torch
@@ -132,15 +163,18 @@ class HFGenerator:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: GenParams, desc: str = "generating"
                  ) -> list[list[Generation]]:
+        return generate_n(self._generate, prompts, params, desc)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: GenParams, desc: str) -> list[list[Generation]]:
         import torch
         from tqdm.auto import tqdm
 
         torch.manual_seed(params.seed)
-        sample = params.temperature > 0
+        sample = not is_greedy(params.temperature)
         kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=sample, num_return_sequences=params.n,
                       pad_token_id=self.pad_id, eos_token_id=self.eos or None)
         if sample:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p,
+            kwargs.update(temperature=max(params.temperature, 0.01), top_p=params.top_p,  # vLLM's floor too
                           top_k=params.top_k if params.top_k > 0 else None)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
@@ -174,10 +208,10 @@ class HFGenerator:
 
 def make_generator(backend: str, model: str, *, batch_size: int = 8, dtype: str = "auto", seed: int = 0,
                    tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
-                   max_model_len: int | None = None, progress: bool = True):
+                   max_model_len: int | None = None, progress: bool = True, enforce_eager: bool = False):
     """A generator for ``model`` on the resolved ``backend`` (``auto``: vLLM when installed, else HF)."""
     if resolve_backend(backend) == "vllm":
         return VLLMGenerator(model, tensor_parallel_size=tensor_parallel_size,
                              gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                             dtype=VLLM_DTYPES[dtype], seed=seed, progress=progress)
+                             dtype=VLLM_DTYPES[dtype], seed=seed, progress=progress, enforce_eager=enforce_eager)
     return HFGenerator(model, batch_size=batch_size, dtype=dtype, progress=progress)

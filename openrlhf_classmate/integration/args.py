@@ -29,6 +29,7 @@ from openrlhf_classmate.integration.classmate_config import (
     validate_classmate_args,
 )
 from openrlhf_classmate.integration.reward_methods import add_reward_method_arguments, validate_reward_method_args
+from openrlhf_classmate.integration.sampling_checks import check_sampling_args
 from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments, validate_vrcli_args
 
 
@@ -185,4 +186,5 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     validate_classmate_args(args)
     validate_reward_method_args(args)
     validate_vrcli_args(args)
+    check_sampling_args(args)
     return args

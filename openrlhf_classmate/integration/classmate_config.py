@@ -254,6 +254,7 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
               "(there is no actor/ref placement group to join otherwise)")
     if c.placement == "share" and not (args.vllm.num_engines and args.vllm.num_engines > 0):
         _fail("--classmate.placement share needs policy engines (--vllm.num_engines > 0)")
+    _check_placement_fits(args)
     if c.max_context is None:
         c.max_context = args.data.max_len + c.max_new_tokens
     if args.vllm.num_engines is None or args.vllm.num_engines < 1:
@@ -290,6 +291,28 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
                   "--actor.policy_loss_type gspo has no meaning there: use --classmate.loss separated with gspo")
     if c.prompt_mode == "splice":
         _check_splice_vocab(args)
+
+
+def _check_placement_fits(args: SimpleNamespace) -> None:
+    """A classmate group joining another placement group needs one bundle (GPU) per engine rank there."""
+    c = args.classmate
+    if c.tensor_parallel_size < 1:
+        _fail("--classmate.tensor_parallel_size must be >= 1")
+    need = c.num_engines * c.tensor_parallel_size
+    if c.placement == "share":
+        have = args.vllm.num_engines * args.vllm.tensor_parallel_size
+        where = (f"the policy engines' placement group ({have} GPUs = --vllm.num_engines {args.vllm.num_engines} x "
+                 f"--vllm.tensor_parallel_size {args.vllm.tensor_parallel_size})")
+    elif c.placement == "colocate":
+        have = args.actor.num_nodes * args.actor.num_gpus_per_node
+        where = (f"the actor/ref placement group ({have} GPUs = --actor.num_nodes {args.actor.num_nodes} x "
+                 f"--actor.num_gpus_per_node {args.actor.num_gpus_per_node})")
+    else:
+        return
+    if need > have:
+        _fail(f"--classmate.placement {c.placement}: --classmate.num_engines {c.num_engines} x "
+              f"--classmate.tensor_parallel_size {c.tensor_parallel_size} = {need} GPUs do not fit {where}; "
+              "lower the classmate engines or use --classmate.placement separate")
 
 
 # The per-stream baselines a classmate run can use: upstream's --algo.advantage.estimator names, same formulas

@@ -24,6 +24,10 @@ from openrlhf_classmate.integration.classmate_scoring import ClassmateAnswer, Sc
 # Conditions that read the main score (classmate_reward.CONDITIONS).
 CONDITIONS_ON_MAIN = ("no_classmate_when_main_incorrect", "neg_classmate_when_main_incorrect")
 
+# vLLM finish reasons of a request that did not complete (client abort, engine-side error): its text is no answer,
+# so the call is masked like a failed score; "stop", "length" and "repetition" are real (possibly cut) answers
+FAILED_FINISH_REASONS = ("abort", "error")
+
 
 class ClassmateInputError(ValueError):
     """A rollout sample cannot be turned into a classmate request (bad label, missing messages)."""
@@ -84,6 +88,7 @@ class PendingClassmate:
     inputs: list[list[ClassmateInput]]  # [K][N]
     refs: dict = field(default_factory=dict)  # (i, k, s) -> ObjectRef
     dispatched_at: float = 0.0
+    dispatch_time: float = 0.0  # building the classmate inputs and sending the requests
 
 
 @dataclass
@@ -177,6 +182,7 @@ class ClassmateStage:
                         prompt=prompt, label=None, sampling_params=self._sampling_params(seed),
                         max_length=self.cfg.max_context, hf_tokenizer=None, num_samples=1,
                     )
+        pending.dispatch_time = time.time() - pending.dispatched_at
         return pending
 
     def gather(self, pending: PendingClassmate, main_rewards: torch.Tensor,
@@ -189,9 +195,15 @@ class ClassmateStage:
 
         answers, where = [], []
         lengths, finished_at = [], [pending.dispatched_at]
+        reasons = Counter()
         cot_texts: dict[int, str] = {}
         for (i, k, s), out in outputs.items():
             out = out[0]
+            lengths.append(len(out["output_token_ids"]))
+            finished_at.append(out["finished_at"])
+            if out.get("finish_reason") in FAILED_FINISH_REASONS:
+                reasons[f"generation_{out['finish_reason']}"] += 1  # stays invalid: masked, never scored 0
+                continue
             if i not in cot_texts:
                 cot_ids = pending.spans.response_ids[i][pending.spans.cot[i]].tolist()
                 cot_texts[i] = self.main_tokenizer.decode(cot_ids, skip_special_tokens=True)
@@ -201,13 +213,12 @@ class ClassmateStage:
                 prompt_opens_think=bool(pending.spans.prompt_opened[i]),
             ))
             where.append((i, k, s))
-            lengths.append(len(out["output_token_ids"]))
-            finished_at.append(out["finished_at"])
+        t_score = time.time()
         results = self.score(answers) if answers else []
+        score_time = time.time() - t_score
 
         scores = torch.zeros((n, k_models, s_samples), dtype=torch.float64)
         valid = torch.zeros((n, k_models, s_samples), dtype=torch.bool)
-        reasons = Counter()
         for (i, k, s), result in zip(where, results):
             scores[i, k, s] = float(result.score) if result.valid else 0.0
             valid[i, k, s] = bool(result.valid)
@@ -245,6 +256,10 @@ class ClassmateStage:
             "classmate/output_length": float(np.mean(lengths)) if lengths else 0.0,
             "classmate/cot_length": float(pending.spans.cot_length.float().mean()) if n else 0.0,
             "classmate/has_answer_fraction": float(pending.spans.has_answer.float().mean()) if n else 0.0,
+            # where the stage's time goes (seconds; the step-time benchmark reads these)
+            "classmate/dispatch_time": pending.dispatch_time,
+            "classmate/generation_time": max(finished_at) - pending.dispatched_at,
+            "classmate/score_time": score_time,
         }
         for reason, count in reasons.items():
             metrics[f"classmate/skip_{reason}"] = count / max(total_requests, 1)

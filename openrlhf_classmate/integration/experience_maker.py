@@ -162,6 +162,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                 self._engines_call("sleep")
             stage_time = max(result.finished_at, t_forward) - t_start
             overlap = max(0.0, min(t_forward_end, result.finished_at) - t_forward)
+        result.metrics["classmate/actor_ref_forward_time"] = t_forward_end - t_forward  # for the step-time bench
         out, cot, shaping = self._classmate_advantages(rollout_samples, experiences, main_valid, result)
         self._attach(experiences, out, cot, rollout_samples, result)
         shaping["penalty"] = shaping.pop("main_rewards") - raw_main.double()

@@ -58,11 +58,28 @@ def _sampling_key(params) -> tuple:
         float(params.temperature),
         float(params.top_p),
         int(params.top_k if params.top_k is not None else -1),
+        float(getattr(params, "min_p", 0.0) or 0.0),
+        float(getattr(params, "repetition_penalty", 1.0)),
         params.max_tokens,
+        int(getattr(params, "min_tokens", 0) or 0),
         params.logprobs is not None,
         params.prompt_logprobs is not None,
         tuple(params.stop_token_ids or ()),
     )
+
+
+# vLLM sampling options the HF engine cannot honour: refused rather than silently ignored (value = vLLM's default)
+_UNSUPPORTED = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": [], "bad_words": [],
+                "logit_bias": None, "allowed_token_ids": None, "ignore_eos": False}
+
+
+def check_supported(params) -> None:
+    """Raise ``ValueError`` for a vLLM sampling option set to something the HF engine would ignore."""
+    for name, default in _UNSUPPORTED.items():
+        value = getattr(params, name, default)
+        if value not in (default, None) and not (default == [] and not value):
+            raise ValueError(f"the HF engine does not support SamplingParams.{name}={value!r} (vLLM default "
+                             f"{default!r}); use the vLLM engine (--engine.backend vllm)")
 
 
 class HFEngine:
@@ -110,6 +127,7 @@ class HFEngine:
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None) -> RequestOutput:
         if multi_modal_data:
             raise NotImplementedError("the HF engine does not support multi-modal inputs")
+        check_supported(sampling_params)
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(list(prompt_token_ids), sampling_params, future, _sampling_key(sampling_params)))
         self._in_flight += 1
@@ -160,8 +178,12 @@ class HFEngine:
             attention[i, width - len(p) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
 
-        greedy = params.temperature is None or params.temperature <= 0
+        greedy = params.temperature is None or params.temperature < 1e-5  # vLLM's greedy threshold
         eos_ids = [self.eos_token_id, *(params.stop_token_ids or [])]
+        min_p = float(getattr(params, "min_p", 0.0) or 0.0)
+        min_new = int(getattr(params, "min_tokens", 0) or 0)
+        if max_new is not None:
+            min_new = min(min_new, max_new)
         gen = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
@@ -170,6 +192,9 @@ class HFEngine:
             top_p=None if greedy else float(params.top_p),
             # vLLM's top_k <= 0 means "off"; transformers needs an explicit 0 (None falls back to its default 50)
             top_k=None if greedy else max(int(params.top_k if params.top_k is not None else 0), 0),
+            min_p=None if greedy or min_p <= 0 else min_p,
+            repetition_penalty=float(getattr(params, "repetition_penalty", 1.0)),
+            min_new_tokens=min_new or None,
             max_new_tokens=max_new,
             eos_token_id=eos_ids,
             pad_token_id=self.pad_token_id,

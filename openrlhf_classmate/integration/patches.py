@@ -11,6 +11,7 @@ upstream name                                    rebound to / why
 ``cli.train_ppo_ray.create_vllm_engines``        dispatch to the HF engine when the backend is ``hf``
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
+``vllm_engine.RolloutRayActor``                  ``CountingRolloutActor`` (counts weight updates per engine)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
 ``ppo_trainer_async.PPOTrainerAsync``            the same factory (``--train.async_enable``): ``ClassmatePPOTrainerAsync``
 ``ppo_trainer_async.GenerateSamplesActor`` and   inside ``ClassmatePPOTrainerAsync``'s process only: our rollout actor
@@ -179,6 +180,21 @@ def recorded_placement_groups() -> list:
     return _RECORDED_PLACEMENT_GROUPS
 
 
+def install_vllm_engine_counter() -> None:
+    """Make upstream ``create_vllm_engines`` build :class:`~openrlhf_classmate.integration.vllm_engine.
+    CountingRolloutActor` (upstream's actor plus weight-update counts); call in the process that creates engines."""
+    import openrlhf.trainer.ray.vllm_engine as vllm_engine
+    import ray
+
+    from openrlhf_classmate.integration.vllm_engine import CountingRolloutActor
+
+    current = getattr(vllm_engine, "RolloutRayActor", None)
+    if current is None:
+        raise UpstreamChangedError("openrlhf.trainer.ray.vllm_engine.RolloutRayActor is gone")
+    if getattr(current, "__ray_actor_class__", None) is not CountingRolloutActor:
+        vllm_engine.RolloutRayActor = ray.remote(CountingRolloutActor)
+
+
 def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     """Rebind the names upstream ``train()`` looks up at call time (see the table in the module docstring)."""
     import openrlhf.cli.train_ppo_ray as cli
@@ -196,6 +212,7 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
         return pg
 
     cli.placement_group = recording_placement_group
+    install_vllm_engine_counter()
     cli.create_vllm_engines = create_engines
     cli.PolicyModelActor = policy_actor_cls
     if not hasattr(ppo_trainer_async, "PPOTrainerAsync"):

@@ -8,16 +8,22 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
 
 
-def build_world(root: str, num_prompts: int = 16, seed: int = 0) -> dict[str, str]:
+def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: int = 32, classmate_hidden: int = 16,
+                num_heads: int = 4) -> dict[str, str]:
+    """The world under ``root``. Real vLLM needs a head dimension its kernels accept (``hidden / num_heads`` a
+    multiple of 8, 32 or more): the GPU runs use ``policy_hidden=classmate_hidden=256`` with 4 heads."""
     os.makedirs(root, exist_ok=True)
-    policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=32, seed=seed)
-    classmate = save_tiny_model(os.path.join(root, "classmate"), WORDS, hidden_size=16, seed=seed + 1)
+    policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=policy_hidden, num_heads=num_heads,
+                             seed=seed)
+    classmate = save_tiny_model(os.path.join(root, "classmate"), WORDS, hidden_size=classmate_hidden,
+                                num_heads=num_heads, seed=seed + 1)
     rng = random.Random(seed)
     data = os.path.join(root, "train.jsonl")
     with open(data, "w", encoding="utf-8") as f:
@@ -57,17 +63,71 @@ def launcher_argv(world: dict[str, str], classmate: bool = True, zero_stage: int
     return argv + list(extra or [])
 
 
+TIMEOUT_EXIT = 124
+
+
 def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout: int = 900,
                  env: dict[str, str] | None = None) -> int:
-    """Run the launcher as a subprocess (as a user would), output to ``log_path``; returns the exit code."""
+    """Run the launcher as a subprocess (as a user would), output to ``log_path``; returns the exit code.
+
+    The launcher runs in its own process session; past ``timeout`` seconds the whole session (the launcher, its
+    local Ray cluster, engine processes) is killed, a line saying so is appended to the log, and the result is
+    :data:`TIMEOUT_EXIT` (124, as ``timeout(1)``), so a caller can go on with a clean machine."""
     import subprocess
     import sys
 
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",
            **(env or {})}
+    started = time.time()
     with open(log_path, "w") as log:
-        return subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_session(proc)
+            log.write(f"\n[run_launcher] killed after {timeout} s (timeout)\n")
+            for lock in release_build_locks(since=started):
+                log.write(f"[run_launcher] removed the build lock {lock} left by the killed session\n")
+            return TIMEOUT_EXIT
+
+
+def release_build_locks(since: float) -> list[str]:
+    """Remove the torch-extension JIT build locks created since ``since`` (by builders of a session just killed).
+
+    DeepSpeed builds its ops (FusedAdam, CPUAdam, ...) with ``torch.utils.cpp_extension``, which guards a build with
+    a ``lock`` file and makes every later build of that op wait while the file exists; a build killed half-way
+    leaves it behind, and every later run would hang. Only locks newer than the killed run are touched."""
+    import glob
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                   "torch_extensions")
+    removed = []
+    for lock in glob.glob(os.path.join(root, "**", "lock"), recursive=True):
+        try:
+            if os.path.getmtime(lock) >= since - 1:
+                os.remove(lock)
+                removed.append(lock)
+        except OSError:
+            pass
+    return removed
+
+
+def kill_session(proc, grace: float = 15.0) -> None:
+    """SIGTERM the process session led by ``proc`` (started with ``start_new_session=True``), then SIGKILL what is
+    left of it after ``grace`` seconds."""
+    import signal
+    import subprocess
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def tensorboard_scalars(tb_dir: str) -> dict[str, dict[int, float]]:

@@ -1,7 +1,7 @@
-"""``vllm.utils.random_uuid``."""
+"""``vllm.utils.random_uuid``: 16 hex characters (the low 64 bits of a UUID4), as in vLLM 0.26-0.29."""
 
 import uuid
 
 
 def random_uuid() -> str:
-    return uuid.uuid4().hex
+    return f"{uuid.uuid4().int & ((1 << 64) - 1):016x}"

@@ -1,0 +1,306 @@
+"""Step-time breakdown: a plain GRPO step vs a classmate GDPO step on the same hardware and batch (issue 13).
+
+Models: a policy and a classmate with Qwen2.5-0.5B's shapes (24 layers, hidden 896, 14 query / 2 key-value heads,
+MLP 4864, RoPE theta 1e6, tied embeddings, 494M parameters) and random weights, as Llama-architecture checkpoints
+(Qwen2.5 adds biases on q/k/v: 0.1% of the parameters), bf16. Vocabulary: a synthetic word-level tokenizer of exactly
+151,936 entries (Qwen2.5's embedding size: the 8 arithmetic words, 9 special / think tokens and filler words
+``w0 ... w151918``), so the embedding, the LM head and the 151,936-way log-softmax cost what they cost in Qwen2.5-0.5B.
+Nothing is downloaded; the models are built once into ``--models`` and reused.
+
+Batch: ``--prompts`` (32) one-digit-addition prompts x ``--samples`` (8) per step, ``--new-tokens`` (512) new
+tokens per response; the random policy practically never emits EOS or ``</think>``, so every response is 512 tokens,
+its CoT is the whole response and every sample goes to the classmate (the most classmate work a step can have), which
+writes ``--classmate-new-tokens`` (256) tokens. ZeRO-2, bf16, gradient checkpointing, KL to a reference model
+(actor and ref forwards), one optimizer step per rollout batch, ``--steps`` (4) steps; step 1 (warm-up: CUDA
+graphs, allocator, JIT) is left out of the means.
+
+Layouts (``--gpus``): 1 GPU = the production config (``configs/classmate_gdpo.yaml``): everything colocated
+(``--train.colocate_all``, vLLM sleep, CUDA-IPC weight sync), classmate ``colocate`` (wakes, generates, sleeps before
+the actor/ref forwards); 2 GPUs = actor/ref on one GPU, policy and classmate engines on the other (classmate
+``share``: its generation overlaps the actor/ref forwards), NCCL weight sync across GPUs. GRPO runs the same layout
+without the classmate.
+
+Timings come from the launcher's own tensorboard scalars: upstream's ``timing/*`` (generation, make_experience,
+ppo_train, broadcast, step_total) and the classmate stage's ``classmate/*`` (stage_time, dispatch_time,
+generation_time, score_time, stage_overlap_time, actor_ref_forward_time). Writes ``step_time_<N>gpu.json`` to
+``--out`` and prints the table with the GDPO / GRPO ratio against the 1.25x target.
+
+``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import openrlhf_classmate  # noqa: E402,F401
+from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
+
+TARGET = 1.25
+QWEN25_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                  max_position_embeddings=32_768)
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, rope_theta=10_000.0, rms_norm_eps=1e-6, max_position_embeddings=2048)
+
+# (row label, tensorboard tag under train/); GRPO has no classmate/* rows
+ROWS = [
+    ("generation (rollout + main reward)", "timing/generation"),
+    ("make experience", "timing/make_experience"),
+    ("  classmate stage", "classmate/stage_time"),
+    ("    inputs + dispatch", "classmate/dispatch_time"),
+    ("    classmate generation", "classmate/generation_time"),
+    ("    classmate scoring", "classmate/score_time"),
+    ("    overlapped with actor/ref fwd", "classmate/stage_overlap_time"),
+    ("  actor/ref forwards", "classmate/actor_ref_forward_time"),
+    ("actor update", "timing/ppo_train"),
+    ("weight sync", "timing/broadcast"),
+    ("step total", "timing/step_total"),
+]
+
+
+def build_model(path: str, shape: dict, seed: int) -> str:
+    """A random Llama checkpoint of ``shape`` with a word-level tokenizer of exactly ``vocab_size`` entries."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
+
+    if os.path.isfile(os.path.join(path, "done")):
+        return path
+    overhead = len(build_word_tokenizer(WORDS)) - len(WORDS)
+    fillers = [f"w{i}" for i in range(shape["vocab_size"] - overhead - len(WORDS))]
+    tokenizer = build_word_tokenizer(WORDS + fillers)
+    if len(tokenizer) != shape["vocab_size"]:
+        raise RuntimeError(f"tokenizer has {len(tokenizer)} entries, expected {shape['vocab_size']}")
+    config = LlamaConfig(**shape, tie_word_embeddings=True, bos_token_id=tokenizer.eos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    open(os.path.join(path, "done"), "w").close()
+    return path
+
+
+def build_data(path: str, n: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            a = rng.randint(0, 4)
+            b = rng.randint(0, 4 - a)
+            messages = [{"role": "user", "content": f"{a} + {b} = ?"}]
+            label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
+            f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
+    return path
+
+
+def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -> list[str]:
+    batch = a.prompts * a.samples
+    argv = [
+        "--actor.model_name_or_path", policy, "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
+        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", "1",
+        "--vllm.num_engines", "1", "--vllm.sync_backend", "nccl" if a.engine == "vllm" else "gloo",
+        "--data.prompt_dataset", data, "--data.input_key", "prompt", "--data.label_key", "label",
+        "--data.apply_chat_template", "--data.max_len", str(a.new_tokens + 64),
+        "--data.max_samples", str(a.prompts * a.steps),
+        "--rollout.max_new_tokens", str(a.new_tokens), "--rollout.batch_size", str(a.prompts),
+        "--rollout.n_samples_per_prompt", str(a.samples), "--rollout.micro_batch_size", str(a.micro_batch),
+        "--rollout.temperature", "1.0",
+        "--train.batch_size", str(batch), "--train.micro_batch_size", str(a.train_micro_batch),
+        "--train.max_epochs", "1", "--train.num_episodes", "1", "--train.seed", "42",
+        "--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.estimator", "k3",
+        "--ds.zero_stage", "2", "--ds.param_dtype", "bf16", "--ds.attn_implementation", "sdpa",
+        "--actor.gradient_checkpointing_enable", "--actor.adam.lr", "1e-6", "--actor.lr_warmup_ratio", "0",
+        "--ckpt.path", os.path.join(root, "ckpt"), "--ckpt.output_dir", os.path.join(root, "hf_final"),
+        "--logger.tensorboard_dir", os.path.join(root, "tb"),
+        "--engine.backend", a.engine,
+    ]
+    if a.engine == "vllm" and a.enforce_eager:
+        argv.append("--vllm.enforce_eager")
+    if a.gpus == 1:
+        argv += ["--train.colocate_all", "--vllm.enable_sleep", "--vllm.gpu_memory_utilization", "0.3"]
+    else:
+        argv += ["--train.colocate_actor_ref", "--vllm.gpu_memory_utilization", "0.45"]
+    if classmate is None:
+        argv += ["--algo.advantage.estimator", "group_norm"]
+    else:
+        argv += ["--classmate.model_name_or_path", classmate, "--classmate.estimator", "gdpo",
+                 "--classmate.max_new_tokens", str(a.classmate_new_tokens), "--classmate.temperature", "1.0",
+                 "--classmate.placement", "colocate" if a.gpus == 1 else "share",
+                 "--classmate.gpu_memory_utilization", "0.2" if a.gpus == 1 else "0.35"]
+    return argv
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 3) if values else None
+
+
+def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout: int) -> dict:
+    root = os.path.join(a.work, f"{name}_{a.gpus}gpu")
+    shutil.rmtree(root, ignore_errors=True)  # no stale tensorboard events of an earlier attempt
+    os.makedirs(root, exist_ok=True)
+    log = os.path.join(root, "launcher.log")
+    t0 = time.time()
+    code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout)
+    row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
+    if code != 0:
+        row["log_tail"] = _tail(log, 60)
+        return row
+    tb = tensorboard_scalars(os.path.join(root, "tb"))
+    per_step = {tag: {int(s): round(v, 3) for s, v in sorted(tb.get(f"train/{tag}", {}).items())} for _, tag in ROWS}
+    steps = sorted(per_step["timing/step_total"])
+    steady = [s for s in steps if s > 1] or steps
+    row.update(steps=steps, steady_steps=steady, per_step=per_step,
+               mean={tag: _mean([v for s, v in values.items() if s in steady]) for tag, values in per_step.items()})
+    if classmate is None:  # no classmate stage: make_experience is the actor/ref forwards (+ upstream advantages)
+        row["mean"]["classmate/actor_ref_forward_time"] = row["mean"]["timing/make_experience"]
+    row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
+    row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
+    return row
+
+
+def _guarded_run(name: str, a, policy: str, classmate: str | None, data: str, timeout: int) -> dict:
+    try:
+        return run_one(name, a, policy, classmate, data, timeout)
+    except Exception as e:  # noqa: BLE001  (keep the other run's numbers and the JSON)
+        return {"run": name, "exit": "error", "error": repr(e)[-2000:],
+                "log": os.path.join(a.work, f"{name}_{a.gpus}gpu", "launcher.log")}
+
+
+def _tail(path: str, lines: int) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def print_table(result: dict) -> None:
+    grpo, gdpo = result["runs"].get("grpo", {}), result["runs"].get("gdpo", {})
+    print(f"\nstep-time breakdown, {result['gpus']} GPU(s), {result['device']}: {result['batch']}; seconds, mean of "
+          f"steps {gdpo.get('steady_steps') or grpo.get('steady_steps')}")
+    print(f"{'':<36}{'GRPO':>9}{'GDPO':>9}{'GDPO-GRPO':>11}")
+    for label, tag in ROWS:
+        g, c = (grpo.get("mean") or {}).get(tag), (gdpo.get("mean") or {}).get(tag)
+        delta = f"{c - g:>11.2f}" if g is not None and c is not None else f"{'':>11}"
+        print(f"{label:<36}{'' if g is None else f'{g:.2f}':>9}{'' if c is None else f'{c:.2f}':>9}{delta}")
+    for name, run in result["runs"].items():
+        if run.get("exit") != 0:
+            print(f"{name}: exit {run.get('exit')} (see {run.get('log')}) {run.get('skipped', '')}")
+    if result.get("ratio") is not None:
+        verdict = "meets" if result["ratio"] <= TARGET else "misses"
+        print(f"GDPO / GRPO step time = {result['ratio']:.3f} ({verdict} the {TARGET}x target)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, choices=(1, 2), default=1)
+    p.add_argument("--runs", default="grpo,gdpo", help="grpo, gdpo or both (comma-separated)")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--classmate-new-tokens", type=int, default=256)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--micro-batch", type=int, default=16, help="--rollout.micro_batch_size (forward passes)")
+    p.add_argument("--train-micro-batch", type=int, default=8, help="--train.micro_batch_size")
+    p.add_argument("--engine", choices=("vllm", "hf"), default="vllm")
+    p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (faster engine start)")
+    p.add_argument("--no-eager-fallback", action="store_true",
+                   help="do not retry in eager mode when the first run fails with CUDA graphs / compilation")
+    p.add_argument("--tiny", action="store_true", help="tiny models (CPU check of the script path)")
+    p.add_argument("--models", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time_models"))
+    p.add_argument("--work", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time"))
+    p.add_argument("--out", default=os.environ.get("OUT", "step_time_out"))
+    p.add_argument("--budget-s", type=float, default=float("inf"), help="skip a run that would not end in time")
+    p.add_argument("--run-estimate-s", type=float, default=270, help="expected wall time of one run (budget)")
+    p.add_argument("--prepare-only", action="store_true", help="build the models and data, run nothing")
+    p.add_argument("--fresh", action="store_true", help="measure again runs an earlier call already measured")
+    a = p.parse_args()
+    start = time.time()
+    shape = TINY if a.tiny else QWEN25_05B
+    kind = "tiny" if a.tiny else "qwen2.5-0.5b-shape"
+    policy = build_model(os.path.join(a.models, f"{kind}_policy"), shape, seed=0)
+    classmate = build_model(os.path.join(a.models, f"{kind}_classmate"), shape, seed=1)
+    os.makedirs(a.work, exist_ok=True)
+    data = build_data(os.path.join(a.work, "prompts.jsonl"), a.prompts * a.steps)
+    print(f"models ready in {time.time() - start:.0f} s: {policy}, {classmate}", flush=True)
+    if a.prepare_only:
+        return
+    import torch
+
+    device = (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available()
+              else "cpu")
+    result = {
+        "device": device, "gpus": a.gpus, "engine": a.engine, "enforce_eager": a.enforce_eager, "models": kind,
+        "shape": shape, "vocab_size": shape["vocab_size"],
+        "batch": f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, classmate "
+                 f"{a.classmate_new_tokens} new tokens",
+        "target": TARGET, "runs": {},
+    }
+    os.makedirs(a.out, exist_ok=True)
+    out_path = os.path.join(a.out, f"step_time_{a.gpus}gpu.json")
+    # runs of earlier calls on the same (warm) machine with the same settings count too: GRPO and GDPO can be
+    # measured in two device calls and still be compared in one table
+    state_path = os.path.join(a.work, f"step_time_{a.gpus}gpu.json")
+    if os.path.isfile(state_path) and not a.fresh:
+        previous = json.load(open(state_path))
+        same = all(previous.get(k) == result[k] for k in ("device", "batch", "models", "gpus", "engine"))
+        if same and (previous.get("enforce_eager") or not a.enforce_eager):
+            result["runs"].update({k: v for k, v in previous["runs"].items() if v.get("exit") == 0})
+            result["enforce_eager"] = previous.get("enforce_eager", result["enforce_eager"])
+            a.enforce_eager = result["enforce_eager"]
+    for name in a.runs.split(","):
+        if name not in ("grpo", "gdpo"):
+            raise SystemExit(f"error: --runs: unknown run {name!r} (grpo, gdpo)")
+        if result["runs"].get(name, {}).get("exit") == 0 and not a.fresh:
+            print(f"{name}: measured in an earlier call on this machine (--fresh to measure again)", flush=True)
+            continue
+        left = a.budget_s - (time.time() - start)
+        if left < a.run_estimate_s:
+            result["runs"][name] = {"run": name, "exit": None,
+                                    "skipped": f"{left:.0f} s left of --budget-s, ~{a.run_estimate_s:.0f} s needed"}
+        else:
+            row = _guarded_run(name, a, policy, classmate if name == "gdpo" else None, data,
+                               timeout=int(min(600, left - 10)))
+            left = a.budget_s - (time.time() - start)
+            if (row["exit"] != 0 and a.engine == "vllm" and not a.enforce_eager and not a.no_eager_fallback
+                    and not any(r.get("exit") == 0 for r in result["runs"].values())
+                    and left >= a.run_estimate_s):
+                # the first run failed with vLLM's default CUDA graphs / torch.compile: measure both runs eagerly
+                result["eager_fallback"] = {"first_attempt": {k: row[k] for k in ("exit", "wall_s", "log")},
+                                            "log_tail": _tail(row["log"], 40)}
+                a.enforce_eager = result["enforce_eager"] = True
+                row = _guarded_run(name, a, policy, classmate if name == "gdpo" else None, data,
+                                   timeout=int(min(600, left - 10)))
+            result["runs"][name] = row
+        grpo, gdpo = result["runs"].get("grpo", {}), result["runs"].get("gdpo", {})
+        g = (grpo.get("mean") or {}).get("timing/step_total")
+        c = (gdpo.get("mean") or {}).get("timing/step_total")
+        result["ratio"] = round(c / g, 3) if g and c else None
+        for path in (out_path, state_path):
+            with open(path + ".tmp", "w") as f:
+                json.dump(result, f, indent=1)
+            os.replace(path + ".tmp", path)
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(out_path + ".tmp", out_path)
+    print_table(result)
+    sys.exit(0 if all(r.get("exit") == 0 for r in result["runs"].values()) else 1)
+
+
+if __name__ == "__main__":
+    main()

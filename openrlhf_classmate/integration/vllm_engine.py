@@ -1,0 +1,47 @@
+"""Upstream's vLLM rollout actor with a weight-update counter (both engine groups are built from it).
+
+OpenRLHF's ``RolloutRayActor`` forwards each weight the policy actor sends (``update_weight`` over NCCL or gloo,
+``update_weight_cuda_ipc`` with CUDA IPC handles when everything is colocated) to its vLLM workers. The actor's rank 0
+sends every parameter once per sync and flags the last one with ``empty_cache=True``; counting those calls here
+gives, per engine, how many complete weight syncs reached it (and how many parameters in total), without touching
+upstream's worker extension. The launcher records the counts next to the checkpoints
+(``engine_weight_updates.json``), so a GPU run can assert that the policy engines got the weights every step and
+the classmate engines never, as the HF engine's counter does on CPU.
+
+``patches.install_vllm_engine_counter`` rebinds ``openrlhf.trainer.ray.vllm_engine.RolloutRayActor`` to this class
+(upstream's ``create_vllm_engines`` looks the name up when it runs).
+"""
+
+from __future__ import annotations
+
+from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+
+class CountingRolloutActor(RolloutRayActor.__ray_actor_class__):
+    """``RolloutRayActor`` (a Ray ``ActorClass``: subclass the plain class behind it) plus weight-update counts."""
+
+    _num_weight_updates = 0
+    _num_weights_received = 0
+
+    def _count(self, last: bool) -> None:
+        self._num_weights_received += 1
+        if last:
+            self._num_weight_updates += 1
+
+    async def update_weight(self, name, dtype, shape, empty_cache=False):
+        result = await super().update_weight(name, dtype, shape, empty_cache)
+        self._count(bool(empty_cache))
+        return result
+
+    async def update_weight_cuda_ipc(self, name, dtype, shape, ipc_handles, empty_cache=False):
+        result = await super().update_weight_cuda_ipc(name, dtype, shape, ipc_handles, empty_cache)
+        self._count(bool(empty_cache))
+        return result
+
+    def get_num_weight_updates(self) -> int:
+        """Complete weight syncs received (the HF engine's method of the same name counts ``load_weights``)."""
+        return self._num_weight_updates
+
+    def get_num_weights_received(self) -> int:
+        """Parameters received over all syncs (a complete sync sends every parameter of the model once)."""
+        return self._num_weights_received

@@ -1,0 +1,134 @@
+"""The GPU scripts' launcher command lines pass the launcher's own parsing and checks (upstream's included), so a
+device call never fails on a flag that CPU parsing would already refuse. The runs themselves are checked on CPU by
+``bench/gpu_validate.py --engine hf`` and ``bench/step_time.py --tiny --engine hf`` (see bench/GPU_RESULTS.md)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.testing.e2e import build_world
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(REPO, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(str(tmp_path_factory.mktemp("gpu_scripts") / "world"), num_prompts=4)
+
+
+@pytest.fixture(scope="module")
+def gpu_validate():
+    return _bench("gpu_validate")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_every_validation_run_parses(world, gpu_validate, engine):
+    plans = {name for names in gpu_validate.PLANS.values() for name in names}
+    assert plans == set(gpu_validate.RUNS)  # every run belongs to a plan
+    for name, run in gpu_validate.RUNS.items():
+        args = parse_args(gpu_validate.run_argv(run, world, engine))
+        assert args.engine.backend == engine, name
+        assert args.vllm.num_engines == run.policy_engines and args.classmate.num_engines == run.classmate_engines
+        assert args.actor.num_gpus_per_node == run.actor_gpus and args.ds.zero_stage == run.zero
+        if engine == "vllm":
+            assert args.vllm.sync_backend == "nccl" and args.vllm.enforce_eager
+
+
+def test_the_plans_cover_issue_13s_list(gpu_validate):
+    runs = {name: gpu_validate.RUNS[name] for name in gpu_validate.PLANS["vllm1"] + gpu_validate.PLANS["vllm2"]}
+    flags = [" ".join(r.extra) for r in runs.values()]
+    assert any(r.zero == 2 and r.estimator == "separated" for r in runs.values())
+    assert any(r.zero == 3 and r.estimator == "gdpo" for r in runs.values())
+    assert any("vanilla_classmate" in f for f in flags)
+    assert any("placement colocate" in f and "enable_sleep" in f for f in flags)
+    assert any("placement share" in f for f in flags)
+    two = [r for r in runs.values() if r.gpus == 2]
+    assert any(r.expect_overlap and "colocate_all" not in " ".join(r.extra) for r in two)  # engines on the 2nd GPU
+    assert any(r.zero == 3 and r.actor_gpus == 2 and "colocate_all" in " ".join(r.extra) for r in two)
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("classmate", [False, True])
+def test_step_time_runs_parse(gpus, classmate):
+    step_time = _bench("step_time")
+    a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
+                        train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=gpus)
+    args = parse_args(step_time.launcher_argv(a, "policy", "classmate" if classmate else None, "d.jsonl", "/tmp/x"))
+    assert args.rollout.batch_size * args.rollout.n_samples_per_prompt == args.train.batch_size == 256
+    assert args.rollout.max_new_tokens == 512 and args.algo.kl.init_coef > 0  # a reference model: ref forwards
+    assert bool(args.train.colocate_all) == (gpus == 1)
+    if classmate:
+        assert args.classmate.estimator == "gdpo" and args.classmate.max_new_tokens == 256
+        assert args.classmate.placement == ("colocate" if gpus == 1 else "share")
+    else:
+        assert args.algo.advantage.estimator == "group_norm" and not args.classmate.model_name_or_path
+
+
+def test_qwen_shaped_tokenizer_has_exactly_qwens_vocabulary(tmp_path):
+    # the step-time models' vocabulary must match Qwen2.5-0.5B's embedding size (151,936); checked on the
+    # tokenizer alone here (the 494M-parameter model itself is built on the GPU machine)
+    from openrlhf_classmate.testing.e2e import WORDS
+    from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
+
+    step_time = _bench("step_time")
+    size = step_time.QWEN25_05B["vocab_size"]
+    overhead = len(build_word_tokenizer(WORDS)) - len(WORDS)
+    tok = build_word_tokenizer(WORDS + [f"w{i}" for i in range(size - overhead - len(WORDS))])
+    assert len(tok) == size == 151_936
+    assert tok.encode("3 + 1 = ?", add_special_tokens=False) == tok.convert_tokens_to_ids(["3", "+", "1", "=", "?"])
+
+
+def test_gpu_validate_sh_parses_and_refuses_unknown_steps(tmp_path):
+    assert subprocess.run(["bash", "-n", os.path.join(REPO, "bench", "gpu_validate.sh")]).returncode == 0
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    res = subprocess.run(["bash", "bench/gpu_validate.sh", "nonsense"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "unknown step 'nonsense'" in res.stdout
+    assert (tmp_path / "out" / "device.txt").read_text().startswith(("no GPU", "NVIDIA"))
+    # a step that needs the carried vLLM refuses clearly on a machine without it
+    res = subprocess.run(["bash", "bench/gpu_validate.sh", "evaluate"], cwd=REPO, capture_output=True, text=True,
+                         env={**env, "VLLM_SITE": str(tmp_path / "none")}, timeout=120)
+    assert res.returncode == 3 and "the machine is fresh" in res.stdout
+
+
+def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from openrlhf_classmate.testing.e2e import TIMEOUT_EXIT, kill_session, run_launcher
+
+    # a JIT build lock left by a build the kill interrupts (made while the launcher runs), and an older one
+    ext = tmp_path / "torch_extensions"
+    old_lock, new_lock = ext / "py_cpu" / "cpu_adam" / "lock", ext / "py_cpu" / "fused_adam" / "lock"
+    old_lock.parent.mkdir(parents=True)
+    new_lock.parent.mkdir(parents=True)
+    old_lock.touch()
+    os.utime(old_lock, (time.time() - 3600, time.time() - 3600))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+    threading.Timer(0.2, new_lock.touch).start()
+    log = tmp_path / "launcher.log"
+    t0 = time.time()
+    assert run_launcher(["--help"], str(log), timeout=0.5) == TIMEOUT_EXIT  # still importing after 0.5 s
+    assert time.time() - t0 < 40 and "killed after 0.5 s (timeout)" in log.read_text()
+    # later builds of that op would wait on the killed build's lock forever: it is gone, the older one is not ours
+    assert not new_lock.exists() and old_lock.exists() and f"removed the build lock {new_lock}" in log.read_text()
+    # the session's other processes (Ray's, vLLM's) go too, not only its leader
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300"], start_new_session=True)
+    time.sleep(0.3)
+    kill_session(proc, grace=2)
+    states = subprocess.run(["ps", "-o", "stat=", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert proc.poll() is not None and [s for s in states if not s.startswith("Z")] == []  # zombies: dead, unreaped
