@@ -16,6 +16,9 @@
 #   steptime1 steptime2   bench/step_time.py --gpus 1|2: GRPO vs classmate GDPO step-time breakdown (STEP_ARGS)
 #   hf (= validate) bench/gpu_validate.py with HF engines (the first GPU validation)
 #   bench           bench/actor_update.py (BENCH_ARGS); all = validate + bench
+#   lossbench       bench/loss_overhead.py (LOSS_ARGS): loss forward + backward per micro-batch vs the model's
+#   packbench       bench/actor_update.py --ragged, packing off and on (PACK_ARGS)
+#   vrclibench      bench/vrcli_reward.py (VRCLI_ARGS): VR-CLI reward forwards, batched vs per sample
 # Legacy form: `bash bench/gpu_validate.sh validate|bench|all [WHEEL_DIR]` installs WHEEL_DIR first.
 #
 # BUDGET_S (default 570): seconds this call may take in all; the python steps skip runs that would not finish in
@@ -129,6 +132,23 @@ for step in "${steps[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/step_time.py --gpus "${step#steptime}" --out "$OUT" --budget-s "$(left)" ${STEP_ARGS:-} \
         || status=1 ;;
+    lossbench)
+      # issue 19: loss forward + backward per micro-batch vs the model's (CUDA events)
+      python3 bench/loss_overhead.py --out "$OUT/loss_overhead.json" ${LOSS_ARGS:-} || status=1 ;;
+    packbench)
+      # issue 19: actor update, stock vs both classmate losses, packing off and on (ragged responses)
+      need_trainer
+      for packing in "" "--packing"; do
+        name=actor_update_ragged${packing:+_packed}
+        # shellcheck disable=SC2086
+        timeout "$(left)" python3 bench/actor_update.py --ragged $packing --out "$OUT/$name.json" ${PACK_ARGS:-} 2>&1 \
+          | grep -vE "Train epoch|it/s" || status=1
+      done ;;
+    vrclibench)
+      # issue 15: VR-CLI reward forwards, batched vs one call per sample
+      need_trainer
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 bench/vrcli_reward.py --out "$OUT" ${VRCLI_ARGS:-} || status=1 ;;
     bench)
       need_trainer
       # shellcheck disable=SC2086
