@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from openrlhf_classmate.eval.generation import real_vllm_available
 from openrlhf_classmate.integration.args import ConfigError, build_parser, parse_args
 from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH
 from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
@@ -61,7 +62,7 @@ def test_classmate_defaults_and_derived_values():
     assert c.estimator == "gdpo" and c.token_mode == "classmate_partial" and c.prompt_mode == "retokenize"
     assert c.max_context == 1024 + 256
     assert c.classmate_think_open == "<think>" and c.eps_clip_low_high == [0.4, 0.4]
-    assert args.engine.backend == "hf"  # no real vLLM on this machine
+    assert args.engine.backend == ("vllm" if real_vllm_available() else "hf")  # auto: vLLM where it is installed
 
 
 def test_config_file_maps_nested_keys_and_the_command_line_wins(tmp_path):

@@ -61,8 +61,9 @@ def test_small_positive_temperature_is_raised_to_the_floor():
 def test_list_fields_and_flags_are_normalised():
     sp = SamplingParams(stop=None, stop_token_ids=None)
     assert sp.stop == [] and sp.stop_token_ids == []
+    # real vLLM 0.26 keeps duplicate stop ids as given (checked on the H100), so the shim does too
     sp = SamplingParams(stop="\n\n", stop_token_ids=[5, 5, 7], logprobs=True, prompt_logprobs=True, seed=-1)
-    assert sp.stop == ["\n\n"] and sp.stop_token_ids == [5, 7]
+    assert sp.stop == ["\n\n"] and sp.stop_token_ids == [5, 5, 7]
     assert (sp.logprobs, sp.prompt_logprobs, sp.seed) == (1, 1, None)
 
 

@@ -5,7 +5,7 @@ this stand-in applies the same normalisations and rejects the same values with t
 (HF engine) fails where a GPU run (vLLM engine) would, instead of quietly sampling something else:
 
 * ``stop`` / ``stop_token_ids`` / ``bad_words``: ``None`` becomes ``[]``, a single stop string a one-element list,
-  duplicate stop ids are dropped; ``logprobs=True`` / ``prompt_logprobs=True`` mean 1; ``seed=-1`` means no seed;
+  duplicate stop ids are kept (as vLLM does); ``logprobs=True`` / ``prompt_logprobs=True`` mean 1; ``seed=-1`` means no seed;
 * a temperature in (0, 0.01) is raised to 0.01 (vLLM warns: smaller values overflow);
 * a temperature below 1e-5 is greedy: ``top_p``, ``top_k`` and ``min_p`` are reset, and ``n`` must be 1;
 * ranges: ``n`` >= 1, penalties, ``temperature`` in [0, 2], ``top_p`` in (0, 1], ``top_k`` >= -1 (0 and -1 = off),
@@ -76,7 +76,7 @@ class SamplingParams:
             self.stop = []
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop_token_ids = [] if self.stop_token_ids is None else list(dict.fromkeys(self.stop_token_ids))
+        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
         self.bad_words = [] if self.bad_words is None else list(dict.fromkeys(self.bad_words))
         if self.logprobs is True:
             self.logprobs = 1
