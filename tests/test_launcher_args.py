@@ -121,6 +121,7 @@ def test_missing_config_file_is_named():
         (CLASSMATE + ["--rollout.n_samples_per_prompt", "1"], "n_samples_per_prompt >= 2"),
         (CLASSMATE + ["--vllm.num_engines", "0"], "--vllm.num_engines >= 1"),
         (CLASSMATE + ["--reward.model_name_or_path", "rm"], "--reward.model_name_or_path is not supported"),
+        (CLASSMATE + ["--classmate.final_answer", "whole_response"], "give a classmate no CoT to read"),
     ],
 )
 def test_invalid_classmate_combinations_fail_up_front(extra, message):

@@ -158,24 +158,22 @@ def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwa
 
 
 def split_response(token_ids: list[int], tokenizer, open_id: int | None, close_id: int | None, opened: bool,
-                   eos_id: int | None) -> dict[str, Any]:
-    """CoT / answer split on token ids (``algo.spans.cot_mask``); ``close_id=None``: no think block at all."""
-    import torch
+                   stop_ids) -> dict[str, Any]:
+    """CoT / answer split on token ids with the trainer's own split (``algo.spans.split_response_ids``, the one the
+    classmate stage and the main reward use); ``close_id=None``: no think block at all. ``stop_ids``: every EOS id
+    of the model's generation config."""
+    from openrlhf_classmate.algo.response_split import decoded_answer, decoded_cot
+    from openrlhf_classmate.algo.spans import split_response_ids
 
-    from openrlhf_classmate.algo.spans import cot_mask
-
+    split = split_response_ids(token_ids, open_id, close_id, stop_ids, starts_in_think=opened)
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
     if close_id is None:
-        return {"response": text, "cot": None, "cot_ids": None, "answer": text.strip(), "has_answer": True}
-    if not token_ids:
-        return {"response": "", "cot": "", "cot_ids": [], "answer": None, "has_answer": False}
-    ids = torch.tensor([token_ids])
-    spans = cot_mask(ids, torch.ones_like(ids), None if opened else open_id, close_id, eos_id)
-    start, end, has_answer = int(spans.start[0]), int(spans.end[0]), bool(spans.has_answer[0])
-    cot_ids = token_ids[start:end]
-    answer = tokenizer.decode(token_ids[end + 1:], skip_special_tokens=True).strip() if has_answer else None
-    return {"response": text, "cot": tokenizer.decode(cot_ids, skip_special_tokens=True).strip(), "cot_ids": cot_ids,
-            "answer": answer, "has_answer": has_answer}
+        return {"response": text, "cot": None, "cot_ids": None, "answer": decoded_answer(tokenizer, token_ids, split),
+                "has_answer": True, "status": split.status}
+    return {"response": text, "cot": decoded_cot(tokenizer, token_ids, split).strip(),
+            "cot_ids": list(token_ids[split.cot_start:split.cot_end]),
+            "answer": decoded_answer(tokenizer, token_ids, split), "has_answer": split.has_answer,
+            "status": split.status}
 
 
 def _judge_config(args):
@@ -241,6 +239,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     """Evaluate as the module docstring says; returns the summary (also written to ``summary.json``)."""
     from transformers import AutoTokenizer
 
+    from openrlhf_classmate.algo.response_split import load_stop_token_ids
     from openrlhf_classmate.algo.spans import think_token_ids
     from openrlhf_classmate.eval.report import format_table, summarize, write_plots
     from openrlhf_classmate.scoring import score_responses
@@ -263,6 +262,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
             raise EvaluationError(f"{e}; set --think-open/--think-close, or --no-think for a model without a think "
                                   "block") from None
     think_ids = None if args.no_think else (open_id, close_id)
+    stop_ids = load_stop_token_ids(args.model, tokenizer)  # every id generation stops on, as in training
     prompt_ids, opened = render_prompts(tokenizer, rows, not args.no_chat_template, template_kwargs, think_ids)
     backend = resolve_backend(args.backend)
     log(f"{len(rows)} prompts x {args.samples} samples, model {args.model}, backend {backend}")
@@ -279,13 +279,14 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     splits: list[dict[str, Any]] = []
     for p, (row, gens) in enumerate(zip(rows, generations, strict=True)):
         for s, gen in enumerate(gens):
-            split = split_response(gen.token_ids, tokenizer, open_id, close_id, opened[p], tokenizer.eos_token_id)
+            split = split_response(gen.token_ids, tokenizer, open_id, close_id, opened[p], stop_ids)
             splits.append(split)
             records.append({
                 "index": len(records), "prompt_index": p, "sample_index": s,
                 "data_source": row.label.get("data_source"), "scorer": _scorer_name(args, row.label),
                 "prompt": row.messages, "response": split["response"], "cot": split["cot"],
-                "answer": split["answer"], "has_answer": split["has_answer"], "finish_reason": gen.finish_reason,
+                "answer": split["answer"], "has_answer": split["has_answer"], "split_status": split["status"],
+                "finish_reason": gen.finish_reason,
                 "response_tokens": len(gen.token_ids),
                 "cot_tokens": None if split["cot_ids"] is None else len(split["cot_ids"]),
             })
