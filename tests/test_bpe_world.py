@@ -202,3 +202,32 @@ def test_char_boundary_on_a_cut_inside_an_emoji(bpe_world):
         back = char_boundary(tok, ids, cut)
         assert back < cut and "\ufffd" not in tok.decode(ids[:back]) and tok.decode(ids).startswith(tok.decode(ids[:back]))
     assert char_boundary(tok, ids, len(ids)) == len(ids) and char_boundary(tok, ids, 0) == 0
+
+
+# ── evaluate on the BPE world (real HF generation) ──
+
+
+def test_evaluate_over_the_bpe_world_with_a_classmate_of_another_vocabulary(bpe_world, tmp_path):
+    from openrlhf_classmate.cli import evaluate as ev
+    from openrlhf_classmate.scoring import score_responses
+
+    data = tmp_path / "test.jsonl"
+    with open(data, "w") as f:
+        for a in range(4):
+            messages = [{"role": "user", "content": f"{a} + 2 = ?"}]
+            label = {"data_source": "arithmetic", "ground_truth": str(a + 2), "messages": messages}
+            f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
+    out = tmp_path / "eval"
+    code = ev.main(["--model", bpe_world.paths["qwen3_thinking"], "--data", str(data), "--output-dir", str(out),
+                    "--backend", "hf", "--max-new-tokens", "16", "--samples", "3", "--temperature", "1.0",
+                    "--classmate", bpe_world.paths["sentencepiece"], "--classmate-max-new-tokens", "4", "--quiet",
+                    "--no-plot"])
+    assert code == 0
+    records = [json.loads(line) for line in open(out / "samples.jsonl")]
+    assert len(records) == 12
+    for r in records:
+        assert r["split_status"] in ("answer", "unclosed")  # the template opened <think>: never "unopened"
+        assert r["has_answer"] == (r["split_status"] == "answer") == (r["answer"] is not None)
+        assert r["classmate_input_tokens"] and r["classmate_output"] is not None
+    labels = [{"data_source": "arithmetic", "ground_truth": str(r["prompt_index"] + 2)} for r in records]
+    assert [x.score for x in score_responses([r["answer"] for r in records], labels)] == [r["score"] for r in records]

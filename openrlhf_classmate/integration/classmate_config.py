@@ -78,8 +78,9 @@ class ClassmateConfig:
     )
     final_answer: str = field(
         default="after_think",
-        metadata={"help": "What the main reward scores: the text after the think-close tag (a response without one "
-                          "has no answer and scores 0), or the whole response (non-thinking policies)",
+        metadata={"help": "What the main reward scores: what follows the think-close tag's token id (a response "
+                          "without one has no answer and scores 0), or the whole response (non-thinking policies; "
+                          "not with a classmate)",
                   "choices": ("after_think", "whole_response")},
     )
     think_open: str = field(default="<think>", metadata={"help": "Tag opening the main model's CoT"})
