@@ -84,18 +84,25 @@ def decoded_cot(tokenizer, response_ids: Sequence[int], split: ResponseSplit) ->
 
 
 def char_boundary(tokenizer, cot_ids: Sequence[int], keep: int, max_back: int = 8) -> int:
-    """The largest ``k <= keep`` such that ``cot_ids[:k]`` decodes to a prefix of what ``cot_ids`` decodes to.
+    """The largest ``k <= keep`` such that cutting ``cot_ids`` before position ``k`` splits no character.
 
     A cut between the byte tokens of one character (byte-level BPE, SentencePiece byte fallback) decodes to U+FFFD;
-    backing off to the character's first byte keeps the truncated CoT clean text. At most ``max_back`` tokens are
-    given back (a UTF-8 character has at most 4 bytes); if none of them is a boundary, ``keep`` is returned.
+    backing off to the character's first byte keeps the truncated CoT clean text. ``k`` is a boundary when the
+    tokens before it decode to a prefix of what the tokens around it decode to (checked on a window of a few tokens,
+    so long CoTs cost no more). At most ``max_back`` tokens are given back (a UTF-8 character has at most 4 bytes);
+    if none of them is a boundary, ``keep`` is returned.
     """
     ids = [int(t) for t in cot_ids]
     keep = max(0, min(keep, len(ids)))
     if keep in (0, len(ids)):
         return keep
-    full = tokenizer.decode(ids, skip_special_tokens=True)
-    for k in range(keep, max(-1, keep - max_back - 1), -1):
-        if full.startswith(tokenizer.decode(ids[:k], skip_special_tokens=True)):
+    lo, hi = max(0, keep - max_back - 8), min(len(ids), keep + 8)
+
+    def text(part):
+        return tokenizer.decode(part, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    window = text(ids[lo:hi])
+    for k in range(keep, max(lo - 1, keep - max_back - 1), -1):
+        if window.startswith(text(ids[lo:k])):
             return k
     return keep

@@ -7,9 +7,11 @@
 1. Read the rows (``{"prompt": messages, "label": "<json>"}``, as written by setup_data; ``--limit``), render each
    prompt with the model's chat template and generate ``--samples`` responses per prompt (greedy by default,
    ``--temperature`` to sample) with vLLM when installed, else transformers (``--backend``).
-2. Split each response into CoT and final answer on token ids (``<think>`` ... ``</think>``; a template that already
-   opens the think block counts as opened) and score the answer with the scorer registry (the label's data source,
-   or ``--scorer``). A response without ``</think>`` has no final answer and scores 0.
+2. Split each response into CoT and final answer with the trainer's own split on token ids
+   (``algo.spans.split_response_ids``: ``<think>`` ... ``</think>`` ids, a template that already opens the think block
+   counts as opened, every EOS id of the generation config is a stop id) and score the answer with the scorer
+   registry (the label's data source, or ``--scorer``). A response without a ``</think>`` id has no final answer and
+   scores 0.
 3. ``--classmate MODEL``: give the classmate the prompt plus the policy's CoT (as in training) and score its answer
    with the same scorer: classmate score and agreement with the main score.
 4. ``--monitor``: the CoT monitor (an LLM judge reading only the CoT) predicts the main score; MSE (1-10 ratings) or
