@@ -1,7 +1,10 @@
 """A tiny end-to-end world for the CPU (and GPU validation) runs of the launcher: two random tiny models sharing a
 five-digit vocabulary, and a jsonl of one-digit additions scored by the ``arithmetic`` scorer. The vocabulary is
 small on purpose: random models then emit ``</think>`` and correct digits often enough that rewards vary, so the
-policy loss and its gradient are not zero and a two-step run really changes the weights."""
+policy loss and its gradient are not zero and a two-step run really changes the weights.
+
+``build_bpe_world`` is the same world over realistic tokenizers (:mod:`openrlhf_classmate.testing.bpe_world`): a
+Qwen3-like policy and a SentencePiece-style classmate."""
 
 from __future__ import annotations
 
