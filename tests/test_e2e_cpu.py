@@ -117,3 +117,34 @@ def test_kl_in_reward_and_overlong_penalty_reach_a_classmate_run(tmp_path):
     assert all(-1.0 <= v <= 0.0 for v in penalties) and any(v < 0 for v in penalties)  # max_new_tokens 16, buffer 12
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
         assert json.load(f) == {"policy": [2], "classmate": [0]}
+
+
+def test_classmate_with_sample_packing_and_dynamic_batching(tmp_path):
+    """--train.dynamic_batch_enable (which turns on --ds.packing_samples) in a classmate run (issue 19)."""
+    world = build_world(str(tmp_path / "world"))
+    extra = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "96", "--ds.packing_samples"]
+    _launch(launcher_argv(world, estimator="separated", extra=extra), str(tmp_path / "run.log"))
+    log = open(tmp_path / "run.log").read()
+    assert "-> sdpa" in log  # no flash-attn on CPU: packed sequences through sdpa's packed-sequence mask
+    with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
+        assert json.load(f) == {"policy": [2], "classmate": [0]}
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
+    assert set(tb["train/classmate/classmate_loss"]) == {1, 2}
+    assert all(v == 0.0 for v in tb["train/classmate/adv_abs_outside_cot"].values())
+    change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(world["root"], "hf_final")))
+    assert change > 1e-4
+
+
+def test_async_classmate_training_dispatches_in_the_rollout_actor(tmp_path):
+    """--train.async_enable: the rollout actor dispatches each batch's classmate requests, the training actor
+    gathers them; 3 steps, every one with classmate scores for every sample (issue 19)."""
+    world = build_world(str(tmp_path / "world"))
+    _launch(launcher_argv(world, estimator="gdpo", max_samples=12, extra=["--train.async_enable"]),
+            str(tmp_path / "run.log"))
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
+    for tag in ("train/classmate/reward", "train/classmate/valid", "train/classmate/stage_time"):
+        assert set(tb[tag]) == {1, 2, 3}, tag
+    assert all(v == 1.0 for v in tb["train/classmate/request_fraction"].values())  # no batch without its scores
+    with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
+        updates = json.load(f)
+    assert updates["classmate"] == [0] and updates["policy"] == [3]

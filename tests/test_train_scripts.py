@@ -25,7 +25,7 @@ RUN_SCRIPTS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(SC
 JUDGE_SCRIPTS = {"warmup", "baseline_grpo", "classmate_gdpo", "classmate_separated", "self_classmate",
                  "classmate_reproduce_reference"}
 CLASSMATE_SCRIPTS = {"classmate_gdpo", "classmate_separated", "self_classmate", "classmate_reproduce_reference",
-                     "classmate_gsm8k", "classmate_math", "classmate_mmlu"}
+                     "classmate_gsm8k", "classmate_math", "classmate_mmlu", "classmate_code"}
 
 
 def _bash(snippet: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -300,6 +300,44 @@ def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, fakes):
     assert f"--classmate.judge_base_url http://127.0.0.1:{port}/v1 --classmate.judge_model served-judge" in proc.stdout
 
 
+FAKE_CODE_LAUNCHER = r'''#!/usr/bin/env bash
+# stands in for the launcher: records the sandbox URL it was given and what the sandbox's /health said
+url="$OPENRLHF_CLASSMATE_SANDBOX_URL"
+printf '%s\n' "$url" > "$FAKE_PYTHON_RECORD"
+"$SANDBOX_PYTHON" -c 'import json, sys, urllib.request
+print(json.load(urllib.request.urlopen(sys.argv[1] + "/health", timeout=10))["status"])' "$url" >> "$FAKE_PYTHON_RECORD"
+echo "CODE_REWARD=${OPENRLHF_CLASSMATE_CODE_REWARD-unset}" >> "$FAKE_PYTHON_RECORD"
+'''
+
+
+def test_code_script_starts_the_sandbox_waits_launches_and_stops_it(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    fake = tmp_path / "fake_launcher"
+    fake.write_text(FAKE_CODE_LAUNCHER)
+    fake.chmod(0o755)
+    port = _free_port()
+    env = dict(os.environ, PYTHON=str(fake), SANDBOX_PYTHON=sys.executable, SANDBOX_PORT=str(port),
+               SANDBOX_ARGS=f"--max-concurrency 1 --uid-base {45000 + os.getpid() % 1000}", CODE_REWARD="all_or_nothing",
+               FAKE_PYTHON_RECORD=str(tmp_path / "record.txt"), GPUS_PER_NODE="1", DATA=str(data), EVAL_DATA="",
+               OUTPUT_DIR=str(tmp_path / "run"), SERVER_POLL_INTERVAL="0.2", MODEL="Qwen/Qwen3-0.6B",
+               CLASSMATE_MODEL="Qwen/Qwen3-0.6B")
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_code.sh")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    url, health, reward = open(tmp_path / "record.txt").read().split()
+    assert url == f"http://127.0.0.1:{port}" and health == "ok" and reward == "CODE_REWARD=all_or_nothing"
+    assert "[train_scripts] [sandbox] isolation" in proc.stderr and "stopped 1 server(s)" in proc.stderr
+    assert (tmp_path / "run" / "logs" / "sandbox.log").exists()
+    with socket.socket() as s:  # the port is free again: the service is gone
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_bad_code_reward_is_named(tmp_path):
+    proc = _bash("use_sandbox", {"CODE_REWARD": "partial", "SANDBOX_URL": "http://127.0.0.1:1"})
+    assert proc.returncode == 1 and "CODE_REWARD must be fraction or all_or_nothing, got 'partial'" in proc.stderr
+
+
 def test_missing_inputs_are_named(tmp_path, fakes):
     env = dict(os.environ, GPUS_PER_NODE="1", PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
                DATA=str(tmp_path / "missing.jsonl"))
@@ -380,6 +418,8 @@ def test_dry_run_command_parses_and_maps_the_environment(script, tiny, tmp_path)
         assert servers == [s for s in servers if s.startswith("vllm serve zhangchenxu/TinyV-1.5B")] and servers
     elif script == "darling":
         assert len(servers) == 1 and "--runner pooling" in servers[0]
+    elif script == "classmate_code":
+        assert len(servers) == 1 and "-m openrlhf_classmate.sandbox --host 127.0.0.1 --port 8001" in servers[0]
     else:
         assert servers == []
 

@@ -22,6 +22,10 @@
 #   SERVER_READY_TIMEOUT  seconds to wait for GET <url>/models (default 900: the first start downloads the model)
 #   SERVER_ATTACH_TIMEOUT seconds to wait for a server given by URL (JUDGE_URL, ...; default 60)
 #   SERVER_POLL_INTERVAL  seconds between readiness polls (default 5)
+#   SANDBOX_URL           a running code-execution sandbox (else use_sandbox starts one on SANDBOX_PORT, default
+#                         8001, with the extra service flags SANDBOX_ARGS, SANDBOX_PYTHON (default PYTHON) and
+#                         SANDBOX_READY_TIMEOUT (default 120 s))
+#   CODE_REWARD           code / code_stdio scores: fraction (default) or all_or_nothing
 #   SERVER_LOG_DIR        server logs (default OUTPUT_DIR/logs)
 #   VLLM_BIN              the vllm executable (default: vllm next to PYTHON, else vllm on PATH)
 #   RAY_ADDRESS           an existing Ray cluster: the launcher is submitted with `ray job submit --address
@@ -257,15 +261,16 @@ _now_ms() {
   fi
 }
 
-# wait_ready NAME BASE_URL TIMEOUT_S [PID] [LOG]: poll GET BASE_URL/models until it answers 200. Fails with a message
-# naming the URL, the timeout and the log (its last lines) when the time runs out or the server process PID exits.
+# wait_ready NAME BASE_URL TIMEOUT_S [PID] [LOG] [PATH]: poll GET BASE_URL/PATH (default /models) until it answers 200.
+# Fails with a message naming the URL, the timeout and the log (its last lines) when the time runs out or the server
+# process PID exits.
 wait_ready() {
-  local name=$1 url=${2%/} timeout=$3 pid=${4:-} logfile=${5:-}
+  local name=$1 url=${2%/} timeout=$3 pid=${4:-} logfile=${5:-} path=${6:-/models}
   local start interval=${SERVER_POLL_INTERVAL:-5} problem=""
   start=$(_now_ms)
-  log "waiting for the $name server: GET $url/models (timeout ${timeout} s)"
+  log "waiting for the $name server: GET $url$path (timeout ${timeout} s)"
   while :; do
-    if _http_ok "$url/models"; then
+    if _http_ok "$url$path"; then
       log "$name server ready at $url ($((($(_now_ms) - start) / 1000)) s)"
       return 0
     fi
@@ -274,7 +279,7 @@ wait_ready() {
       break
     fi
     if (($(_now_ms) - start >= timeout * 1000)); then
-      problem="not ready after ${timeout} s (GET $url/models never answered 200)"
+      problem="not ready after ${timeout} s (GET $url$path never answered 200)"
       break
     fi
     sleep "$interval"
@@ -410,6 +415,54 @@ use_darling_classifiers() {
   export DARLING_CLASSIFIER_URLS
   RAY_JOB_ENV_VARS="${RAY_JOB_ENV_VARS:-} DARLING_CLASSIFIER_URLS"
   log "DARLING_CLASSIFIER_URLS=$DARLING_CLASSIFIER_URLS"
+}
+
+# use_sandbox: the code-execution sandbox service for the code / code_stdio scorers. SANDBOX_URL: use a running one
+# (GET SANDBOX_URL/health must answer); otherwise start `PYTHON -m openrlhf_classmate.sandbox` in the background (own
+# process group, log SERVER_LOG_DIR/sandbox.log, stopped on exit) on SANDBOX_PORT and wait for its /health. Exports
+# OPENRLHF_CLASSMATE_SANDBOX_URL (the launcher forwards OPENRLHF_CLASSMATE_* to the reward processes) and, when
+# CODE_REWARD is set, OPENRLHF_CLASSMATE_CODE_REWARD (fraction | all_or_nothing).
+use_sandbox() {
+  local timeout="${SANDBOX_READY_TIMEOUT:-120}" cmd=() bind logdir logfile
+  if [[ -n "${CODE_REWARD:-}" ]]; then
+    [[ "$CODE_REWARD" == fraction || "$CODE_REWARD" == all_or_nothing ]] || \
+      die "CODE_REWARD must be fraction or all_or_nothing, got '$CODE_REWARD'"
+    export OPENRLHF_CLASSMATE_CODE_REWARD="$CODE_REWARD"
+    RAY_JOB_ENV_VARS="${RAY_JOB_ENV_VARS:-} OPENRLHF_CLASSMATE_CODE_REWARD"
+  fi
+  if [[ -n "${SANDBOX_URL:-}" ]]; then
+    log "sandbox: using the running service SANDBOX_URL=$SANDBOX_URL"
+    is_dry_run || wait_ready sandbox "$SANDBOX_URL" "${SERVER_ATTACH_TIMEOUT:-60}" "" "" /health || exit 1
+  else
+    bind=$(_server_bind)
+    SANDBOX_URL="http://$(_server_host):${SANDBOX_PORT:-8001}"
+    # shellcheck disable=SC2206
+    cmd=("${SANDBOX_PYTHON:-$PYTHON}" -m openrlhf_classmate.sandbox --host "$bind" --port "${SANDBOX_PORT:-8001}"
+      ${SANDBOX_ARGS:-})
+    if is_dry_run; then
+      print_cmd "${cmd[@]}"
+    else
+      if [[ "$bind" != 127.0.0.1 && "$bind" != localhost ]]; then
+        log "warning: the sandbox listens on $bind: anyone who reaches port ${SANDBOX_PORT:-8001} can run programs there"
+      fi
+      logdir="${SERVER_LOG_DIR:-${OUTPUT_DIR:-$RUNS_DIR/${RUN_NAME:-run}}/logs}"
+      logfile="$logdir/sandbox.log"
+      mkdir -p "$logdir"
+      _install_trap
+      log "starting the sandbox: $(print_cmd "${cmd[@]}") (log: $logfile)"
+      local setsid_bin=()
+      if command -v setsid >/dev/null 2>&1; then setsid_bin=(setsid); fi
+      # from the repository root: the service hides its working directory (data, runs) from the programs
+      (cd "$REPO_ROOT" && exec "${setsid_bin[@]}" "${cmd[@]}" >"$logfile" 2>&1 </dev/null) &
+      SERVER_PID=$!
+      SERVER_PIDS+=("$SERVER_PID")
+      wait_ready sandbox "$SANDBOX_URL" "$timeout" "$SERVER_PID" "$logfile" /health || exit 1
+      grep -h '^\[sandbox\]' "$logfile" | sed 's/^/[train_scripts] /' >&2 || true
+    fi
+  fi
+  export OPENRLHF_CLASSMATE_SANDBOX_URL="$SANDBOX_URL"
+  RAY_JOB_ENV_VARS="${RAY_JOB_ENV_VARS:-} OPENRLHF_CLASSMATE_SANDBOX_URL"
+  log "OPENRLHF_CLASSMATE_SANDBOX_URL=$SANDBOX_URL"
 }
 
 # ── launch ─────────────────────────────────────────────────────────────────────────────────────────────────────

@@ -161,14 +161,14 @@ class EngineFactory:
 
 
 class TrainerFactory:
-    """Stands in for upstream ``PPOTrainer`` inside ``train()``: ``.remote(...)`` creates the classmate engine group
-    and the ``ClassmatePPOTrainer`` controller."""
+    """Stands in for upstream ``PPOTrainer`` (and ``PPOTrainerAsync``) inside ``train()``: ``.remote(...)`` creates
+    the classmate engine group and our controller (``integration.trainer.controller_class``)."""
 
     def __init__(self, args, engines: EngineFactory):
-        # imported here, before install_launcher rebinds upstream's PPOTrainer to this factory
-        from openrlhf_classmate.integration.trainer import ClassmatePPOTrainer
+        # imported here, before install_launcher rebinds upstream's trainer names to this factory
+        from openrlhf_classmate.integration.trainer import controller_class
 
-        self.trainer_cls = ClassmatePPOTrainer
+        self.trainer_cls = controller_class(args)
         self.args = args
         self.engines = engines
         self.handle = None
@@ -205,9 +205,21 @@ def run(args) -> TrainerFactory:
     return trainer
 
 
+def check_scorer_environment() -> None:
+    """Scorer settings read from the environment in the reward processes (the code sandbox's), checked here, before
+    Ray starts, rather than failing every reward later."""
+    from openrlhf_classmate.scoring.code import CodeSandboxConfig
+
+    try:
+        CodeSandboxConfig.from_env()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         args = parse_args(argv)
+        check_scorer_environment()
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     if os.environ.get("OPENRLHF_CLASSMATE_ALLOW_UPSTREAM_CHANGES") != "1":

@@ -199,6 +199,16 @@ def uses_separated_loss(args: SimpleNamespace) -> bool:
     return classmate_enabled(args) and (c.loss == "vanilla_classmate" or c.estimator in SEPARATED_ESTIMATORS)
 
 
+def _real(package: str) -> bool:
+    """True when ``package`` is really installed (not our CPU import shim)."""
+    import importlib.util
+
+    from openrlhf_classmate import shims
+
+    spec = importlib.util.find_spec(package)
+    return spec is not None and not (spec.origin or "").startswith(shims.SHIM_DIRS[package])
+
+
 def _fail(message: str) -> None:
     raise SystemExit(f"error: {message}")
 
@@ -210,14 +220,14 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
     c.classmate_think_open = c.classmate_think_open or c.think_open
     c.classmate_think_close = c.classmate_think_close or c.think_close
     if args.engine.backend == "auto":
-        import importlib.util
+        args.engine.backend = "vllm" if _real("vllm") else "hf"
 
-        from openrlhf_classmate import shims
-
-        vllm_spec = importlib.util.find_spec("vllm")
-        real_vllm = vllm_spec is not None and not (vllm_spec.origin or "").startswith(shims.SHIM_DIRS["vllm"])
-        args.engine.backend = "vllm" if real_vllm else "hf"
-
+    if args.ds.packing_samples and args.ds.attn_implementation.startswith("flash_attention") and not _real("flash_attn"):
+        # no flash-attn (CPU, or a GPU image without it): transformers' sdpa attends within each packed sequence,
+        # like flash-attn's varlen kernel, when the model gets restarting position_ids (checked in tests/test_packing)
+        print(f"[openrlhf_classmate] --ds.packing_samples without flash-attn installed: --ds.attn_implementation "
+              f"{args.ds.attn_implementation} -> sdpa (packed sequences stay separated by their position ids)")
+        args.ds.attn_implementation = "sdpa"
     if c.loss_agg_mode in ("token-mean", "seq-mean-token-mean"):
         args.actor.loss_agg_mode = c.loss_agg_mode  # upstream's PolicyLoss aggregates these itself
     if args.actor.policy_loss_type == "gspo" and c.loss_agg_mode == "seq-mean-token-sum-norm":
@@ -255,10 +265,15 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _fail("classmate training needs policy rollout engines: set --vllm.num_engines >= 1")
     if args.rollout.n_samples_per_prompt < 2:
         _fail("classmate estimators normalise per prompt group: set --rollout.n_samples_per_prompt >= 2")
-    if args.train.async_enable:
-        _fail("classmate training supports the synchronous trainer only: drop --train.async_enable")
-    if args.train.dynamic_batch_enable or args.ds.packing_samples:
-        _fail("classmate training does not support --train.dynamic_batch_enable / --ds.packing_samples yet")
+    if args.train.async_enable and (c.placement == "colocate" or c.enable_sleep):
+        _fail("--train.async_enable overlaps rollouts with training, which vLLM sleep mode cannot (upstream refuses "
+              "--vllm.enable_sleep with async too): use --classmate.placement separate or share without "
+              "--classmate.enable_sleep")
+    agg = c.loss_agg_mode or args.actor.loss_agg_mode
+    if args.train.dynamic_batch_enable and agg == "seq-mean-token-sum-norm":
+        _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm scales the loss by the micro-batch size, which "
+              "--train.dynamic_batch_enable varies per micro-batch: use token-mean / seq-mean-token-mean, or fixed "
+              "micro-batches")
     if args.reward.model_name_or_path:
         _fail("classmate training needs the main rewards at rollout time, from a reward function or server "
               "(--reward.remote_url, or none for the scorer registry); --reward.model_name_or_path is not supported")

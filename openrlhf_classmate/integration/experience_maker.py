@@ -22,7 +22,8 @@ are masked out of the main statistics, in plain runs too; a batch with no valid 
 
 When the classmate shares GPUs with the actor/ref models (``--classmate.placement colocate``) step 3 runs before
 step 2 and the classmate engines sleep in between, because the forward passes need the memory; otherwise the
-classmate generation overlaps the forward passes, and the overlap is measured and logged.
+classmate generation overlaps the forward passes, and the overlap is measured and logged. In async training step 1
+happened in the rollout actor (``integration.trainer``): the batch arrives with its requests in flight.
 """
 
 from __future__ import annotations
@@ -135,9 +136,16 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             return experiences
         raw_main = torch.cat([s.rewards.float() for s in rollout_samples])  # before shaping: the condition's input
         t_start = time.time()
-        if self.sleep:
-            self._engines_call("wake_up")
-        pending = self.stage.dispatch(rollout_samples)
+        pending = getattr(rollout_samples, "classmate_pending", None)  # async: dispatched by the rollout actor
+        if self.args.train.async_enable and pending is None:
+            raise RuntimeError("this rollout batch arrived without its classmate requests; refusing to train on it "
+                               "without classmate scores (the async rollout actor must dispatch them)")
+        if pending is not None:
+            t_start = pending.dispatched_at
+        else:
+            if self.sleep:
+                self._engines_call("wake_up")
+            pending = self.stage.dispatch(rollout_samples)
         if self.colocated:
             result = self.stage.gather(pending, raw_main, main_valid)
             self._engines_call("sleep")

@@ -12,6 +12,9 @@ upstream name                                    rebound to / why
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
+``ppo_trainer_async.PPOTrainerAsync``            the same factory (``--train.async_enable``): ``ClassmatePPOTrainerAsync``
+``ppo_trainer_async.GenerateSamplesActor`` and   inside ``ClassmatePPOTrainerAsync``'s process only: our rollout actor
+``ppo_trainer_async.TrainingActor``              (dispatches the classmate requests) and training actor (our maker)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
 ===============================================  ==========================================================
 
@@ -33,6 +36,7 @@ UPSTREAM_VERSION = "0.11.2"
 UPSTREAM_SHA256 = {
     "cli/train_ppo_ray.py": "a57da6a94a193645c653c39a19808d7a408ed3302b076c637778770d268096ab",
     "trainer/ppo_trainer.py": "c01b55d6c3c25f8c691c898b4f829d74d3c21f7d8ddae82f23966f65c254e03b",
+    "trainer/ppo_trainer_async.py": "fc4c3b6022b6e18a4e6d5905d935a27481b62ab6e294c39e868d7caf414ffe5d",
     "trainer/ppo_utils/experience.py": "ee653245197294876b098ea5d451eb7bf7fa15a8257df7035201650a5623b312",
     "trainer/ppo_utils/experience_maker.py": "1defeef7fa22fc8ff6621d76f5a042a57ebfff4f83aa0338ef9a397de8f8563f",
     "trainer/ppo_utils/replay_buffer.py": "25e2826fc9541d7e94ea83283f1372b412a24f4053b122e8a2ef801f84c7d1c5",
@@ -179,6 +183,7 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     """Rebind the names upstream ``train()`` looks up at call time (see the table in the module docstring)."""
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
     for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train"):
         if not hasattr(cli, name):
@@ -193,4 +198,18 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     cli.placement_group = recording_placement_group
     cli.create_vllm_engines = create_engines
     cli.PolicyModelActor = policy_actor_cls
+    if not hasattr(ppo_trainer_async, "PPOTrainerAsync"):
+        raise UpstreamChangedError("openrlhf.trainer.ppo_trainer_async.PPOTrainerAsync is gone")
     ppo_trainer.PPOTrainer = trainer_factory
+    ppo_trainer_async.PPOTrainerAsync = trainer_factory  # train() imports it at call time under async_enable
+
+
+def install_async_actors(generator, trainer) -> None:
+    """Make ``PPOTrainerAsync.__init__`` create our rollout and training actors (call in that actor's process)."""
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+
+    for name in ("GenerateSamplesActor", "TrainingActor"):
+        if not hasattr(ppo_trainer_async, name):
+            raise UpstreamChangedError(f"openrlhf.trainer.ppo_trainer_async.{name} is gone")
+    ppo_trainer_async.GenerateSamplesActor = generator
+    ppo_trainer_async.TrainingActor = trainer

@@ -1,14 +1,25 @@
-"""``ClassmatePPOTrainer``: upstream's single controller with the classmate experience maker.
+"""Our controllers: upstream's sync ``PPOTrainer`` and async ``PPOTrainerAsync`` with the classmate experience maker.
 
-``PPOTrainer`` is a Ray ``ActorClass``; subclassing it directly raises ``ActorClassInheritanceException``, so we
-subclass the plain class behind it (``__ray_actor_class__``) and wrap the result with ``ray.remote`` again.
+Upstream's trainers are Ray ``ActorClass``es; subclassing one directly raises ``ActorClassInheritanceException``, so
+we subclass the plain class behind it (``__ray_actor_class__``) and wrap the result with ``ray.remote`` again.
+
+* sync: ``ClassmatePPOTrainer`` = upstream's ``PPOTrainer`` + :class:`ClassmateControllerMixin`; the classmate stage
+  runs inside ``make_experience_batch`` (dispatched before the actor/ref forwards, gathered after them).
+* async (``--train.async_enable``): upstream's ``PPOTrainerAsync`` runs a ``GenerateSamplesActor`` (rollouts) and a
+  ``TrainingActor`` (experience making, update, weight sync) that overlap through a queue. Ours dispatch each
+  batch's classmate requests in the generator, right after its rollout, so the classmate generation overlaps the
+  next rollout and the current update; the training actor gathers and scores them when it makes that batch's
+  experiences (a batch without its classmate requests is an error, never trained on). The off-policy bookkeeping
+  is upstream's: the actor re-computes the old log-probs of both streams' tokens on the current weights, and the
+  rollout importance weights (``--algo.advantage.is_correction_*``) multiply both loss terms.
 """
 
 from __future__ import annotations
 
 import ray
 import torch
-from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
+from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
 from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
@@ -29,25 +40,36 @@ def judge_config_from_args(args):
     return JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model or "", api_key_env=cfg.judge_api_key_env)
 
 
-class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
-    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                 reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
-                 **generate_kwargs):
-        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                         reference_model_group, vllm_engines, **generate_kwargs)
-        args = strategy.args
+def classmate_tokenizers(args) -> list:
+    from transformers import AutoTokenizer
+
+    return [AutoTokenizer.from_pretrained(p, trust_remote_code=True) for p in args.classmate.model_name_or_path]
+
+
+class ClassmateRollout(list):
+    """A rollout batch (list of single-sample experiences) that carries its in-flight classmate requests from the
+    async generator to the training actor (the queue pickles the list with this attribute)."""
+
+    def __init__(self, samples, classmate_pending=None):
+        super().__init__(samples)
+        self.classmate_pending = classmate_pending
+
+
+class ClassmateControllerMixin(BasePPOTrainer):
+    """What our controllers add to upstream's: the classmate experience maker, skipped all-invalid steps, valid-only
+    reward statistics, and the weight sync of the HF engine."""
+
+    def _setup_classmate(self, classmate_engines, colocated: bool) -> None:
+        args = self.strategy.args
         self.classmate_engines = classmate_engines or []  # [K][engines]; never part of self.vllm_engines
         stage = None
         if self.classmate_engines:
-            from transformers import AutoTokenizer
-
             from openrlhf_classmate.integration.classmate_scoring import build_classmate_scorer
             from openrlhf_classmate.integration.classmate_stage import ClassmateStage
 
-            tokenizers = [AutoTokenizer.from_pretrained(p, trust_remote_code=True)
-                          for p in args.classmate.model_name_or_path]
             scorer = build_classmate_scorer(args, judge_config_from_args(args))
-            stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, tokenizers, scorer=scorer)
+            stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, classmate_tokenizers(args),
+                                   scorer=scorer)
         self.experience_maker = ClassmateExperienceMaker(
             self.actor_model_group,
             self.critic_model_group,
@@ -58,7 +80,7 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
             self.tokenizer,
             classmate_stage=stage,
             classmate_engines=[e for group in self.classmate_engines for e in group],
-            colocated=classmate_colocated,
+            colocated=colocated,
         )
 
     def train_step(self, rollout_samples, global_step: int):
@@ -106,3 +128,86 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
             "policy": ray.get([e.get_num_weight_updates.remote() for e in self.vllm_engines or []]),
             "classmate": ray.get([e.get_num_weight_updates.remote() for g in self.classmate_engines for e in g]),
         }
+
+
+class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class__):
+    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                 reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
+                 **generate_kwargs):
+        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                         reference_model_group, vllm_engines, **generate_kwargs)
+        self._setup_classmate(classmate_engines, classmate_colocated)
+
+
+# ── async ──
+
+
+class ClassmateTrainingActor(TrainingActor.__ray_actor_class__, ClassmateControllerMixin):
+    # MRO: upstream's TrainingActor (its vLLM lock around the weight sync) → our mixin → BasePPOTrainer
+    def __init__(self, *args, classmate_engines=None, classmate_colocated=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._setup_classmate(classmate_engines, classmate_colocated)
+
+    def broadcast_to_vllm(self) -> None:
+        # Ray ships this class to its worker with copies of the inherited methods of upstream's @ray.remote classes
+        # (pickled by value, since their module name is the ActorClass), and such a copy's zero-argument super()
+        # names a copy of TrainingActor that self is no instance of (TypeError, seen under Ray 2.55). Calling
+        # upstream's own function, resolved here, keeps its lock around our weight sync.
+        return TrainingActor.__ray_actor_class__.broadcast_to_vllm(self)
+
+
+class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
+    """Upstream's rollout actor; each rollout batch leaves with its classmate requests already dispatched."""
+
+    def __init__(self, pretrain, strategy, vllm_engines, *, classmate_engines=None, **kwargs):
+        super().__init__(pretrain, strategy, vllm_engines, **kwargs)
+        self.classmate_stage = None
+        if classmate_engines:
+            from openrlhf_classmate.integration.classmate_stage import ClassmateStage
+
+            self.classmate_stage = ClassmateStage(strategy.args, self.samples_generator.tokenizer, classmate_engines,
+                                                  classmate_tokenizers(strategy.args))
+            rollout = self.samples_generator.generate_samples
+
+            def generate_samples(**generate_kwargs):
+                samples, pass_rate, consumed, exhausted = rollout(**generate_kwargs)
+                if samples:
+                    samples = ClassmateRollout(samples, self.classmate_stage.dispatch(samples))
+                return samples, pass_rate, consumed, exhausted
+
+            # this generator object only: the queue then carries each batch with its requests in flight
+            self.samples_generator.generate_samples = generate_samples
+
+
+class _RemoteWith:
+    """Stands in for one of upstream's async actor classes: ``.remote(**kw)`` creates ours with extra kwargs."""
+
+    def __init__(self, actor_cls, **extra):
+        self.actor_cls, self.extra = ray.remote(actor_cls), extra
+
+    def remote(self, *args, **kwargs):
+        return self.actor_cls.remote(*args, **kwargs, **self.extra)
+
+
+class ClassmatePPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
+    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                 reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
+                 **generate_kwargs):
+        from openrlhf_classmate.integration import patches
+
+        # upstream's __init__ creates its two actors through module globals: ours take their place (this process)
+        patches.install_async_actors(
+            generator=_RemoteWith(ClassmateGenerateSamplesActor, classmate_engines=classmate_engines),
+            trainer=_RemoteWith(ClassmateTrainingActor, classmate_engines=classmate_engines,
+                                classmate_colocated=classmate_colocated),
+        )
+        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                         reference_model_group, vllm_engines, **generate_kwargs)
+
+    def engine_weight_updates(self) -> dict[str, list[int]]:
+        return ray.get(self.trainer_actor.engine_weight_updates.remote())
+
+
+def controller_class(args) -> type:
+    """The plain controller class for this run (the launcher wraps it with ``ray.remote``)."""
+    return ClassmatePPOTrainerAsync if args.train.async_enable else ClassmatePPOTrainer

@@ -7,6 +7,7 @@ Entry points:
 * ``get_scorer(data_source)`` / ``register_scorer(name, factory, aliases)``: the registry.
 * ``monitor_predictions`` / ``monitor_metrics``: the validation-time CoT monitor.
 * ``JudgeConfig`` / ``JudgeClient``: the OpenAI-compatible judge client.
+* ``CodeScorer`` / ``CodeSandboxConfig``: the ``code`` / ``code_stdio`` scorers and their sandbox-service client.
 * ``MathVerifyConfig`` / ``configure_math_verify`` / ``shutdown``: the math-verify worker processes.
 
 A result with ``valid=False`` is a scorer failure (judge down, unparseable judge output, verifier timeout) and must
@@ -15,6 +16,7 @@ be masked out of group statistics, never read as a 0.
 
 from openrlhf_classmate.scoring.aio import run_sync
 from openrlhf_classmate.scoring.base import BaseScorer, Item, Scorer
+from openrlhf_classmate.scoring.code import CodeSandboxConfig, CodeScorer, extract_program
 from openrlhf_classmate.scoring.exact_match import ArithmeticScorer, ExactMatchScorer
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig, JudgeReply, JudgeStats
 from openrlhf_classmate.scoring.labels import LabelError, parse_label
@@ -57,6 +59,8 @@ __all__ = [
     "NO_FINAL_ANSWER",
     "ArithmeticScorer",
     "BaseScorer",
+    "CodeSandboxConfig",
+    "CodeScorer",
     "ExactMatchScorer",
     "Gsm8kScorer",
     "Item",
@@ -81,6 +85,7 @@ __all__ = [
     "build_monitor_prompt",
     "configure_math_verify",
     "extract_choice",
+    "extract_program",
     "get_math_pool",
     "get_scorer",
     "known_data_sources",

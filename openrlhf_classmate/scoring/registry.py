@@ -16,7 +16,14 @@ sycophancy_judge       helpful_instructions, anthropic_hh_rlhf,                 
                        HuggingFaceH4/helpful-instructions, Anthropic/hh-rlhf
 exact_match            -                                                            ground_truth, numeric (opt.)
 arithmetic             -                                                            ground_truth (integer)
+code                   -                                                            tests (assert statements),
+                                                                                    max_execution_time (opt.)
+code_stdio             -                                                            tests ({input, output} pairs),
+                                                                                    max_execution_time (opt.)
 =====================  ===========================================================  ==============================
+
+``code`` and ``code_stdio`` run the answer's last fenced code block in the sandbox service
+(``python -m openrlhf_classmate.sandbox``; see ``scoring/code.py`` for its environment settings).
 
 Add more with ``register_scorer(name, factory, aliases=...)``; a factory takes the judge (config, client or None).
 """
@@ -31,6 +38,7 @@ from typing import Any
 
 from openrlhf_classmate.scoring.aio import run_sync
 from openrlhf_classmate.scoring.base import Scorer
+from openrlhf_classmate.scoring.code import CodeScorer
 from openrlhf_classmate.scoring.exact_match import ArithmeticScorer, ExactMatchScorer
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
 from openrlhf_classmate.scoring.labels import LabelError, parse_label
@@ -183,6 +191,8 @@ def _register_builtins() -> None:
                              "Anthropic/hh-rlhf"))
     register_scorer("exact_match", lambda judge: ExactMatchScorer())
     register_scorer("arithmetic", lambda judge: ArithmeticScorer())
+    register_scorer("code", lambda judge: CodeScorer("code"))
+    register_scorer("code_stdio", lambda judge: CodeScorer("code_stdio"))
 
 
 _register_builtins()
