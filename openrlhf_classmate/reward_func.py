@@ -1,15 +1,18 @@
-"""Main-answer reward for OpenRLHF's ``--reward.remote_url <this file>`` (``reward_func(queries, prompts, labels)``).
+"""Main-answer reward of the scorer registry: the launcher's default ``--reward.remote_url`` (``reward_func``).
 
-OpenRLHF loads this file in every rollout engine process and calls it once per sample. The final answer is the text
-after the think-close tag; a response without one has no final answer and scores 0 (valid: it is the policy's
-failure, not the scorer's). Scores come from the scorer registry, keyed by the label's ``data_source``.
+The answer is not searched for here. The policy engines run :mod:`openrlhf_classmate.integration.policy_executor`,
+which splits each response on its *token ids* with the same function as the classmate stage and evaluation and calls
+``reward_func(queries, prompts, labels, answers=[answer])``: ``answer`` is the decoded final answer, ``None`` when the
+response has none (no genuine ``</think>`` id), which scores 0 (valid: it is the policy's failure, not the scorer's).
+Scores come from the scorer registry, keyed by the label's ``data_source``.
+
+Called without ``answers`` (upstream's text-only executor, e.g. through upstream's own launcher), every score is
+invalid and one line says why: decoded text cannot tell a real ``</think>`` id from the same text written as pieces.
 
 Configuration arrives through environment variables set by the launcher (the engine processes get no ``args``):
-``OPENRLHF_CLASSMATE_THINK_CLOSE``, ``OPENRLHF_CLASSMATE_FINAL_ANSWER`` (``after_think`` or ``whole_response``, for
-non-thinking policies), ``OPENRLHF_CLASSMATE_STRIP_TOKENS`` (JSON list of special-token strings to drop,
-e.g. EOS), ``OPENRLHF_CLASSMATE_SCORER`` (override of ``data_source``), ``OPENRLHF_CLASSMATE_JUDGE`` (JSON of
-``JudgeConfig`` fields for judge scorers), ``OPENRLHF_CLASSMATE_TINYV`` (the TinyV verifier) and
-``OPENRLHF_CLASSMATE_SCORER_METRICS`` (the per-sample scorer metrics every sample logs, ``scoring/metrics.py``).
+``OPENRLHF_CLASSMATE_SCORER`` (override of ``data_source``), ``OPENRLHF_CLASSMATE_JUDGE`` (JSON of ``JudgeConfig``
+fields for judge scorers), ``OPENRLHF_CLASSMATE_TINYV`` (the TinyV verifier) and ``OPENRLHF_CLASSMATE_SCORER_METRICS``
+(the per-sample scorer metrics every sample logs, ``scoring/metrics.py``); the split settings are the executor's.
 """
 
 from __future__ import annotations
@@ -18,22 +21,8 @@ import json
 import os
 import sys
 
-
-def final_answer(response: str, think_close: str, strip_tokens: list[str], mode: str = "after_think") -> str | None:
-    if mode == "whole_response":
-        answer = response
-    elif think_close not in response:
-        return None
-    else:
-        answer = response.split(think_close, 1)[1]
-    for token in strip_tokens:
-        answer = answer.replace(token, "")
-    return answer.strip()
-
-
-def response_text(query: str, prompt: str) -> str:
-    # queries are decode(prompt + response); the prompt text normally round-trips exactly
-    return query[len(prompt) :] if query.startswith(prompt) else query
+NEEDS_EXECUTOR = ("openrlhf_classmate's reward_func scores the answer split on token ids by its policy executor, "
+                  "which passes answers=; start training with python -m openrlhf_classmate.cli.train_ppo_ray")
 
 
 def _judge():
@@ -48,18 +37,25 @@ def _judge():
 _REPORTED: set[str] = set()
 
 
-def reward_func(queries, prompts, labels, **kwargs):
+def _report(message: str) -> None:
+    if message not in _REPORTED:
+        _REPORTED.add(message)
+        print(f"[openrlhf_classmate.reward_func] scoring failed: {message}", file=sys.stderr, flush=True)
+
+
+def reward_func(queries, prompts, labels, answers=None, **kwargs):
+    """Score ``answers`` (one per query; ``None`` = no final answer) against ``labels``; upstream's reply format."""
     import openrlhf_classmate  # noqa: F401
     from openrlhf_classmate.scoring import score_responses
     from openrlhf_classmate.scoring.metrics import declared_metric_keys, sample_metrics
 
-    think_close = os.environ.get("OPENRLHF_CLASSMATE_THINK_CLOSE", "</think>")
-    strip = json.loads(os.environ.get("OPENRLHF_CLASSMATE_STRIP_TOKENS", "[]"))
-    scorer = os.environ.get("OPENRLHF_CLASSMATE_SCORER", "auto")
-    mode = os.environ.get("OPENRLHF_CLASSMATE_FINAL_ANSWER", "after_think")
-    answers = [final_answer(response_text(q, p), think_close, strip, mode) for q, p in zip(queries, prompts)]
-    logs = {"has_answer": float(answers[0] is not None)}
     metric_keys = declared_metric_keys()  # the same keys for every sample, whatever happens below
+    if answers is None or len(answers) != len(queries):
+        _report(NEEDS_EXECUTOR if answers is None else f"{len(answers)} answers for {len(queries)} queries")
+        return {"rewards": 0.0, "scores": 0.0,
+                "extra_logs": {"has_answer": 0.0, **sample_metrics(metric_keys, 0.0, None), "main_valid": 0.0}}
+    scorer = os.environ.get("OPENRLHF_CLASSMATE_SCORER", "auto")
+    logs = {"has_answer": float(answers[0] is not None)}
     try:
         parsed = [json.loads(label) if isinstance(label, str) else dict(label) for label in labels]
         if scorer != "auto":
@@ -68,10 +64,7 @@ def reward_func(queries, prompts, labels, **kwargs):
     except Exception as e:
         # OpenRLHF swallows exceptions raised here and fails later with a misleading message; return an explicit
         # invalid score instead (bad labels are also caught, with their real message, by the experience maker).
-        message = f"{type(e).__name__}: {e}"
-        if message not in _REPORTED:
-            _REPORTED.add(message)
-            print(f"[openrlhf_classmate.reward_func] scoring failed: {message}", file=sys.stderr, flush=True)
+        _report(f"{type(e).__name__}: {e}")
         return {"rewards": 0.0, "scores": 0.0,
                 "extra_logs": {**logs, **sample_metrics(metric_keys, 0.0, None), "main_valid": 0.0}}
     score = float(result.score) if result.valid else 0.0

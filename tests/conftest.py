@@ -6,4 +6,15 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 
+import pytest  # noqa: E402
+
 import openrlhf_classmate  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def bpe_world(tmp_path_factory):
+    """The realistic tokenizer world (``openrlhf_classmate.testing.bpe_world``): BPE tokenizers trained once per test
+    session, each saved with a tiny model."""
+    from openrlhf_classmate.testing.bpe_world import save_world
+
+    return save_world(str(tmp_path_factory.mktemp("bpe_world")))

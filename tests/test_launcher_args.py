@@ -135,6 +135,8 @@ def test_missing_config_file_is_named():
          "vLLM rejects these sampling settings: temperature must be non-negative"),
         (CLASSMATE + ["--classmate.top_k", "-5"], "--classmate.top_k -5 / --classmate.max_new_tokens 512: vLLM "
          "rejects these sampling settings: top_k must be 0 (disable), or at least 1, got -5."),
+
+        (CLASSMATE + ["--classmate.final_answer", "whole_response"], "give a classmate no CoT to read"),
     ],
 )
 def test_invalid_classmate_combinations_fail_up_front(extra, message):

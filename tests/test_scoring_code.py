@@ -149,11 +149,11 @@ def test_engine_reward_function_reports_validity(service, monkeypatch):
     monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", service.url)
     label = json.dumps({"data_source": "code", "tests": ADD_TESTS})
     prompt = "<|user|>write add<|assistant|>"
-    response = "<think>easy</think>" + _answer("def add(a, b):\n    return a + b")
-    out = reward_func([prompt + response], [prompt], [label])
+    answer = _answer("def add(a, b):\n    return a + b")  # the policy executor splits it off on token ids
+    out = reward_func([prompt + "<think>easy</think>" + answer], [prompt], [label], answers=[answer])
     assert out["rewards"] == 1.0 and out["extra_logs"]["main_valid"] == 1.0
     monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", f"http://127.0.0.1:{free_port()}")
-    out = reward_func([prompt + response], [prompt], [label])
+    out = reward_func([prompt + "<think>easy</think>" + answer], [prompt], [label], answers=[answer])
     assert out["rewards"] == 0.0 and out["extra_logs"]["main_valid"] == 0.0  # masked as invalid, not a real 0
 
 

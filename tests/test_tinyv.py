@@ -310,16 +310,20 @@ def test_the_reward_function_logs_the_declared_metrics_for_every_sample(monkeypa
     monkeypatch.setenv(METRICS_ENV, json.dumps(keys))
     with serve_in_thread(FakeVerifierServer()) as server:
         monkeypatch.setenv(CONFIG_ENV, json.dumps({"base_url": server.base_url, "weight": 0.5}))
-        rescued = reward_func(["P:<think>x</think> the answer is 3"], ["P:"], [json.dumps(_label("3"))])
+        rescued = reward_func(["P:<think>x</think> the answer is 3"], ["P:"], [json.dumps(_label("3"))],
+                              answers=["the answer is 3"])
         other = reward_func(["P:<think>x</think> 4"], ["P:"], [json.dumps({"data_source": "arithmetic",
-                                                                            "ground_truth": "4"})])
-        broken = reward_func(["P:<think>x</think> 4"], ["P:"], [json.dumps({"data_source": "bigmath_tinyv"})])
+                                                                            "ground_truth": "4"})], answers=["4"])
+        broken = reward_func(["P:<think>x</think> 4"], ["P:"], [json.dumps({"data_source": "bigmath_tinyv"})],
+                             answers=["4"])
+        unsplit = reward_func(["P:<think>x</think> 4"], ["P:"], [json.dumps(_label("4"))])  # no executor
     assert rescued["rewards"] == 1.0  # math-verify reads "the answer is 3" too: rule right
     assert rescued["extra_logs"]["tinyv/rule_correct"] == 1.0
     assert other["rewards"] == 1.0 and other["extra_logs"]["validation_reward"] == 1.0  # the training reward
     assert other["extra_logs"]["tinyv/verifier_called"] == 0.0
     assert broken["extra_logs"]["main_valid"] == 0.0
-    for out in (rescued, other, broken):  # the same keys whatever happened: OpenRLHF merges them per key
+    assert unsplit["extra_logs"]["main_valid"] == 0.0
+    for out in (rescued, other, broken, unsplit):  # the same keys whatever happened: OpenRLHF merges them per key
         assert set(keys) <= set(out["extra_logs"])
 
 

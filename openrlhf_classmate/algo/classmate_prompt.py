@@ -15,7 +15,10 @@ the tokenizer add its own would duplicate them.
 CoT modes:
 
 * ``retokenize`` (default): decode the main model's CoT ids with the main tokenizer (``skip_special_tokens=True``)
-  and encode the text with the classmate tokenizer. Works for any pair of tokenizers.
+  and encode the text with the classmate tokenizer *as text* (:func:`encode_text`): a ``</think>`` or
+  ``<|im_end|>`` that the CoT merely quotes stays ordinary pieces and never becomes the classmate's special or
+  added token id, and no SentencePiece dummy-prefix space is put in front of the CoT. Works for any pair of
+  tokenizers.
 * ``splice``: reuse the main model's CoT ids verbatim. Only correct when both tokenizers have identical
   vocabularies, which ``check_splice_compatible`` verifies (classmate_method.md §11.12).
 
@@ -25,7 +28,9 @@ An input whose length plus ``max_new_tokens`` exceeds ``max_context`` is skipped
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 PROMPT_MODES = ("retokenize", "splice")
@@ -78,6 +83,69 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _without_prefix_space(node: dict | None) -> dict | None:
+    """A normaliser / pre-tokeniser spec with the word-prefix space switched off (SentencePiece's Metaspace
+    ``prepend_scheme``, a ``Prepend("▁")`` normaliser, ByteLevel's ``add_prefix_space``)."""
+    if node is None:
+        return None
+    kind = node.get("type")
+    if kind == "Sequence":
+        key = "pretokenizers" if "pretokenizers" in node else "normalizers"
+        node[key] = [n for n in (_without_prefix_space(child) for child in node[key]) if n is not None]
+        return node
+    if kind == "Prepend":
+        return None
+    if kind == "Metaspace":
+        node["prepend_scheme"] = "never"
+    if kind == "ByteLevel":
+        node["add_prefix_space"] = False
+    return node
+
+
+_TEXT_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _text_encoder(tokenizer) -> Callable[[str], list[int]]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow tokenizer: specials are split, added tokens are checked by the caller
+        return lambda text: list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+    from tokenizers import Tokenizer
+
+    # The same normaliser, pre-tokeniser and model, without the added-token matcher and the post-processor.
+    spec = json.loads(backend.to_str())
+    spec["added_tokens"] = []
+    spec["post_processor"] = None
+    spec["normalizer"] = _without_prefix_space(spec.get("normalizer"))
+    spec["pre_tokenizer"] = _without_prefix_space(spec.get("pre_tokenizer"))
+    plain = Tokenizer.from_str(json.dumps(spec))
+    return lambda text: list(plain.encode(text, add_special_tokens=False).ids)
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """``text`` encoded as plain text: tag-like strings in it (``</think>``, ``<|im_end|>``) come out as ordinary
+    pieces, never as added or special token ids, and no dummy-prefix space is added in front (the text continues a
+    sequence, as a CoT after ``<think>`` does)."""
+    try:
+        encode = _TEXT_ENCODERS[tokenizer]
+    except (KeyError, TypeError):
+        encode = _text_encoder(tokenizer)
+        try:
+            _TEXT_ENCODERS[tokenizer] = encode
+        except TypeError:  # not weak-referenceable: rebuilt per call
+            pass
+    return encode(text)
+
+
+def _control_ids(tokenizer) -> set[int]:
+    """Ids that plain text must never produce: special tokens and added tokens (e.g. the think tags). ``<unk>`` is
+    not one of them: it is how a tokenizer without byte fallback writes text it cannot represent."""
+    ids = set(tokenizer.all_special_ids)
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(int(i) for i in decoder)
+    ids.discard(tokenizer.unk_token_id)
+    return ids
+
+
 def _build(
     classmate_tokenizer,
     messages: list[dict],
@@ -97,7 +165,13 @@ def _build(
         cot = [int(t) for t in cot_token_ids]
     else:
         cot_text = main_tokenizer.decode(list(cot_token_ids), skip_special_tokens=True)
-        cot = _encode(classmate_tokenizer, cot_text) if cot_text else []
+        cot = encode_text(classmate_tokenizer, cot_text) if cot_text else []
+        control = sorted(set(cot) & _control_ids(classmate_tokenizer))
+        if control:
+            # only a tokenizer whose base vocabulary holds its special tokens can get here
+            reason = (f"the re-tokenised CoT contains special/added token ids {control[:5]} of classmate tokenizer "
+                      f"{_tokenizer_name(classmate_tokenizer)!r}")
+            return ClassmateInput(input_ids=None, cot_token_count=len(cot), cot_offset=len(prefix), skip_reason=reason)
     suffix = _encode(classmate_tokenizer, think_close + "\n\n")
     input_ids = prefix + cot + suffix
     if len(input_ids) + max_new_tokens > max_context:

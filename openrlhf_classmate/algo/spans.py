@@ -1,29 +1,100 @@
 """CoT spans of main-model responses, computed on token ids (classmate_method.md §2.1, §2.2, §14.5).
 
-Conventions for a batch of responses ``response_ids`` [B, T] (right-padded) with ``response_mask`` [B, T]
-(1 on valid response tokens, EOS included, 0 on padding):
+:func:`split_response_ids` is *the* split of one response into (CoT span, answer span, status). The classmate stage
+(through :func:`cot_mask`), the main reward (``integration/policy_executor.py``) and evaluation
+(``cli/evaluate.py``) all call it, so the three cannot disagree. Rules, on the response's token ids:
 
+* ``think_close_id=None``: no think block at all (``--classmate.final_answer whole_response``, ``evaluate
+  --no-think``): the CoT is empty and the whole response, stop id excluded, is the answer (status ``no_think``).
 * ``think_open_id`` given: the first ``<think>`` opens the CoT (``start`` = its position + 1) and the first
-  ``</think>`` *after it* closes it (``end`` = that position, exclusive). The CoT lies strictly between the tags.
-* ``think_open_id`` given but no ``<think>`` in the row: the whole valid response is the CoT (``start`` = 0), and
-  ``</think>`` is not searched for (``has_answer`` = False).
+  ``</think>`` *after it* closes it (``end`` = that position, exclusive). The CoT lies strictly between the tags and
+  the answer is everything after the close tag, the final stop id excluded (status ``answer``).
+* ``think_open_id`` given but no ``<think>`` in the row: the whole response is the CoT and ``</think>`` is not
+  searched for: no answer (status ``unopened``).
 * ``think_open_id=None``, or ``starts_in_think`` True for the row: the chat template already opened the thinking
   block in the prompt (R1-distill / ``*-Thinking-2507`` generation prompts end in ``<think>\\n``; see
   :func:`prompt_opens_think`), so the row starts inside the CoT (``start`` = 0) and the first ``</think>`` closes it.
-* No closing ``</think>``: the CoT runs to the last valid token, **EOS excluded** (the reference included it,
-  classmate_method.md §11.14). EOS = the last valid token when it equals ``eos_token_id``.
-* ``has_answer`` = a closing ``</think>`` was found (a final answer follows it).
+* No closing ``</think>``: the CoT runs to the end, **stop id excluded** (the reference included the EOS,
+  classmate_method.md §11.14), and there is no answer (status ``unclosed``).
+* A stop id is excluded only as the *last* token (where generation stopped); ``stop_ids`` should hold every EOS id of
+  the model's generation config (Qwen3 stops on ``<|im_end|>`` and ``<|endoftext|>``). A response that does not end
+  on one was cut at the length limit (``stopped`` False).
+
+Tags are token ids: a ``</think>`` written as ordinary BPE pieces is text inside the CoT, not a close tag.
+
+Conventions for a batch of responses ``response_ids`` [B, T] (right-padded) with ``response_mask`` [B, T]
+(1 on valid response tokens, EOS included, 0 on padding): :func:`cot_mask` applies the split to every row.
 
 Truncation (``truncate_cot``) keeps a prefix ``[start, start + floor(keep * length))`` of each CoT.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
 TRUNCATION_MODES = ("vanilla", "random_truncate", "remove_wo_cot")
+SPLIT_STATUSES = ("answer", "unclosed", "unopened", "no_think")
+
+
+@dataclass(frozen=True)
+class ResponseSplit:
+    """One response split into CoT ``[cot_start, cot_end)`` and answer ``[answer_start, answer_end)`` (indices into
+    its token ids; an empty answer range when there is no answer), the ``status`` (:data:`SPLIT_STATUSES`) and
+    whether generation ``stopped`` on a stop id (False: cut at the length limit)."""
+
+    cot_start: int
+    cot_end: int
+    answer_start: int
+    answer_end: int
+    status: str
+    stopped: bool
+
+    @property
+    def has_answer(self) -> bool:
+        return self.status in ("answer", "no_think")
+
+
+def _as_ids(ids) -> list[int]:
+    return ids.tolist() if isinstance(ids, torch.Tensor) else [int(t) for t in ids]
+
+
+def stop_id_set(stop_ids: int | Collection[int] | None) -> frozenset[int]:
+    if stop_ids is None:
+        return frozenset()
+    if isinstance(stop_ids, int):
+        return frozenset((stop_ids,))
+    return frozenset(int(t) for t in stop_ids)
+
+
+def split_response_ids(
+    response_ids: Sequence[int] | torch.Tensor,
+    think_open_id: int | None,
+    think_close_id: int | None,
+    stop_ids: int | Collection[int] | None = None,
+    starts_in_think: bool = False,
+) -> ResponseSplit:
+    """Split one response (its valid token ids, no padding) into CoT, answer and status (rules in the module
+    docstring). The one definition shared by the classmate stage, the main reward and evaluation."""
+    ids = _as_ids(response_ids)
+    stopped = bool(ids) and ids[-1] in stop_id_set(stop_ids)
+    body = len(ids) - int(stopped)
+    if think_close_id is None:
+        return ResponseSplit(0, 0, 0, body, "no_think", stopped)
+    if think_open_id is None or starts_in_think:
+        start = 0
+    else:
+        try:
+            start = ids.index(think_open_id, 0, body) + 1
+        except ValueError:
+            return ResponseSplit(0, body, body, body, "unopened", stopped)
+    try:
+        close = ids.index(think_close_id, start, body)
+    except ValueError:
+        return ResponseSplit(start, body, body, body, "unclosed", stopped)
+    return ResponseSplit(start, close, close + 1, body, "answer", stopped)
 
 
 @dataclass
@@ -73,47 +144,27 @@ def cot_mask(
     response_mask: torch.Tensor,
     think_open_id: int | None,
     think_close_id: int,
-    eos_token_id: int | None = None,
+    stop_ids: int | Collection[int] | None = None,
     starts_in_think: torch.Tensor | None = None,
 ) -> CotSpans:
-    """CoT spans of a right-padded response batch (rules in the module docstring). Fully vectorised.
+    """CoT spans of a right-padded response batch: :func:`split_response_ids` on every row's valid tokens.
 
-    ``starts_in_think`` [B] bool marks rows whose prompt opened the think block (:func:`prompt_opens_think`)."""
+    ``stop_ids``: the EOS id(s) generation stops on. ``starts_in_think`` [B] bool marks rows whose prompt opened the
+    think block (:func:`prompt_opens_think`)."""
     valid = _check_response_mask(response_ids, response_mask)
     batch, width = response_ids.shape
+    if starts_in_think is not None and starts_in_think.shape != (batch,):
+        raise ValueError(f"starts_in_think must have shape ({batch},), got {tuple(starts_in_think.shape)}")
+    lengths = valid.sum(dim=1).tolist()
+    inside = [False] * batch if starts_in_think is None else starts_in_think.bool().tolist()
+    stops = stop_id_set(stop_ids)
+    splits = [split_response_ids(row[:n], think_open_id, think_close_id, stops, opened)
+              for row, n, opened in zip(response_ids.tolist(), lengths, inside, strict=True)]
     device = response_ids.device
-    positions = torch.arange(width, device=device).unsqueeze(0)  # [1, T]
-    length = valid.sum(dim=1)
-    sentinel = torch.full_like(positions, width)
-
-    if think_open_id is None:
-        has_open = torch.ones(batch, dtype=torch.bool, device=device)
-        start = torch.zeros(batch, dtype=torch.long, device=device)
-    else:
-        is_open = valid & (response_ids == think_open_id)
-        first_open = torch.where(is_open, positions, sentinel).min(dim=1).values
-        has_open = first_open < width
-        start = torch.where(has_open, first_open + 1, torch.zeros_like(first_open))
-        if starts_in_think is not None:
-            if starts_in_think.shape != (batch,):
-                raise ValueError(f"starts_in_think must have shape ({batch},), got {tuple(starts_in_think.shape)}")
-            inside = starts_in_think.to(device=device, dtype=torch.bool)
-            has_open = has_open | inside
-            start = torch.where(inside, torch.zeros_like(start), start)
-
-    is_close = valid & (response_ids == think_close_id) & (positions >= start.unsqueeze(1)) & has_open.unsqueeze(1)
-    first_close = torch.where(is_close, positions, sentinel).min(dim=1).values
-    has_answer = first_close < width
-
-    if eos_token_id is None:
-        ends_with_eos = torch.zeros(batch, dtype=torch.bool, device=device)
-    else:
-        last = response_ids.gather(1, (length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        ends_with_eos = (length > 0) & (last == eos_token_id)
-    open_end = torch.maximum(length - ends_with_eos.long(), start)  # no </think>: up to EOS, never before start
-    end = torch.where(has_answer, first_close, open_end)
-    start = torch.minimum(start, end)  # an empty row: start = end = 0
-
+    start = torch.tensor([sp.cot_start for sp in splits], dtype=torch.long, device=device)
+    end = torch.tensor([sp.cot_end for sp in splits], dtype=torch.long, device=device)
+    has_answer = torch.tensor([sp.status == "answer" for sp in splits], dtype=torch.bool, device=device)
+    positions = torch.arange(width, device=device).unsqueeze(0)
     mask = (positions >= start.unsqueeze(1)) & (positions < end.unsqueeze(1))
     return CotSpans(mask=mask, start=start, end=end, has_answer=has_answer)
 

@@ -7,9 +7,11 @@
 1. Read the rows (``{"prompt": messages, "label": "<json>"}``, as written by setup_data; ``--limit``), render each
    prompt with the model's chat template and generate ``--samples`` responses per prompt (greedy by default,
    ``--temperature`` to sample) with vLLM when installed, else transformers (``--backend``).
-2. Split each response into CoT and final answer on token ids (``<think>`` ... ``</think>``; a template that already
-   opens the think block counts as opened) and score the answer with the scorer registry (the label's data source,
-   or ``--scorer``). A response without ``</think>`` has no final answer and scores 0.
+2. Split each response into CoT and final answer with the trainer's own split on token ids
+   (``algo.spans.split_response_ids``: ``<think>`` ... ``</think>`` ids, a template that already opens the think block
+   counts as opened, every EOS id of the generation config is a stop id) and score the answer with the scorer
+   registry (the label's data source, or ``--scorer``). A response without a ``</think>`` id has no final answer and
+   scores 0.
 3. ``--classmate MODEL``: give the classmate the prompt plus the policy's CoT (as in training) and score its answer
    with the same scorer: classmate score and agreement with the main score.
 4. ``--monitor``: the CoT monitor (an LLM judge reading only the CoT) predicts the main score; MSE (1-10 ratings) or
@@ -167,24 +169,22 @@ def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwa
 
 
 def split_response(token_ids: list[int], tokenizer, open_id: int | None, close_id: int | None, opened: bool,
-                   eos_id: int | None) -> dict[str, Any]:
-    """CoT / answer split on token ids (``algo.spans.cot_mask``); ``close_id=None``: no think block at all."""
-    import torch
+                   stop_ids) -> dict[str, Any]:
+    """CoT / answer split on token ids with the trainer's own split (``algo.spans.split_response_ids``, the one the
+    classmate stage and the main reward use); ``close_id=None``: no think block at all. ``stop_ids``: every EOS id
+    of the model's generation config."""
+    from openrlhf_classmate.algo.response_split import decoded_answer, decoded_cot
+    from openrlhf_classmate.algo.spans import split_response_ids
 
-    from openrlhf_classmate.algo.spans import cot_mask
-
+    split = split_response_ids(token_ids, open_id, close_id, stop_ids, starts_in_think=opened)
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
     if close_id is None:
-        return {"response": text, "cot": None, "cot_ids": None, "answer": text.strip(), "has_answer": True}
-    if not token_ids:
-        return {"response": "", "cot": "", "cot_ids": [], "answer": None, "has_answer": False}
-    ids = torch.tensor([token_ids])
-    spans = cot_mask(ids, torch.ones_like(ids), None if opened else open_id, close_id, eos_id)
-    start, end, has_answer = int(spans.start[0]), int(spans.end[0]), bool(spans.has_answer[0])
-    cot_ids = token_ids[start:end]
-    answer = tokenizer.decode(token_ids[end + 1:], skip_special_tokens=True).strip() if has_answer else None
-    return {"response": text, "cot": tokenizer.decode(cot_ids, skip_special_tokens=True).strip(), "cot_ids": cot_ids,
-            "answer": answer, "has_answer": has_answer}
+        return {"response": text, "cot": None, "cot_ids": None, "answer": decoded_answer(tokenizer, token_ids, split),
+                "has_answer": True, "status": split.status}
+    return {"response": text, "cot": decoded_cot(tokenizer, token_ids, split).strip(),
+            "cot_ids": list(token_ids[split.cot_start:split.cot_end]),
+            "answer": decoded_answer(tokenizer, token_ids, split), "has_answer": split.has_answer,
+            "status": split.status}
 
 
 def _judge_config(args):
@@ -269,6 +269,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     """Evaluate as the module docstring says; returns the summary (also written to ``summary.json``)."""
     from transformers import AutoTokenizer
 
+    from openrlhf_classmate.algo.response_split import load_stop_token_ids
     from openrlhf_classmate.algo.spans import think_token_ids
     from openrlhf_classmate.eval.report import format_table, summarize, write_plots
     from openrlhf_classmate.scoring import score_responses
@@ -291,6 +292,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
             raise EvaluationError(f"{e}; set --think-open/--think-close, or --no-think for a model without a think "
                                   "block") from None
     think_ids = None if args.no_think else (open_id, close_id)
+    stop_ids = load_stop_token_ids(args.model, tokenizer)  # every id generation stops on, as in training
     prompt_ids, opened = render_prompts(tokenizer, rows, not args.no_chat_template, template_kwargs, think_ids)
     backend = resolve_backend(args.backend)
     log(f"{len(rows)} prompts x {args.samples} samples, model {args.model}, backend {backend}")
@@ -307,13 +309,14 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     splits: list[dict[str, Any]] = []
     for p, (row, gens) in enumerate(zip(rows, generations, strict=True)):
         for s, gen in enumerate(gens):
-            split = split_response(gen.token_ids, tokenizer, open_id, close_id, opened[p], tokenizer.eos_token_id)
+            split = split_response(gen.token_ids, tokenizer, open_id, close_id, opened[p], stop_ids)
             splits.append(split)
             records.append({
                 "index": len(records), "prompt_index": p, "sample_index": s,
                 "data_source": row.label.get("data_source"), "scorer": _scorer_name(args, row.label),
                 "prompt": row.messages, "response": split["response"], "cot": split["cot"],
-                "answer": split["answer"], "has_answer": split["has_answer"], "finish_reason": gen.finish_reason,
+                "answer": split["answer"], "has_answer": split["has_answer"], "split_status": split["status"],
+                "finish_reason": gen.finish_reason,
                 "response_tokens": len(gen.token_ids),
                 "cot_tokens": None if split["cot_ids"] is None else len(split["cot_ids"]),
             })

@@ -14,26 +14,40 @@ import sys
 import openrlhf_classmate  # noqa: F401  (CPU shims first)
 from openrlhf_classmate.integration import patches
 from openrlhf_classmate.integration.args import ConfigError, parse_args
-from openrlhf_classmate.integration.classmate_config import classmate_enabled
-
-CLASSMATE_EXECUTOR_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration", "classmate_executor.py"
+from openrlhf_classmate.integration.classmate_config import (
+    REWARD_FUNC_PATH,
+    classmate_enabled,
+    registry_reward_in_use,
 )
+
+INTEGRATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration")
+CLASSMATE_EXECUTOR_PATH = os.path.join(INTEGRATION_DIR, "classmate_executor.py")
+POLICY_EXECUTOR_PATH = os.path.join(INTEGRATION_DIR, "policy_executor.py")
 
 
 def reward_env(args) -> dict[str, str]:
-    """Settings the engine-side reward function reads (it receives no ``args``)."""
+    """Settings the engine-side reward (``integration/policy_executor.py`` + ``reward_func.py``) reads: it receives
+    no ``args``. Checks, before Ray starts, that the registry reward can split the policy's responses on token ids."""
     from transformers import AutoTokenizer
 
+    from openrlhf_classmate.algo.response_split import load_stop_token_ids
+    from openrlhf_classmate.algo.spans import think_token_ids
     from openrlhf_classmate.integration.trainer import judge_config_from_args
 
     cfg = args.classmate
     tokenizer = AutoTokenizer.from_pretrained(args.actor.model_name_or_path, trust_remote_code=True)
-    strip = [t for t in tokenizer.all_special_tokens if t not in (cfg.think_open, cfg.think_close)]
+    if registry_reward_in_use(args) and cfg.final_answer == "after_think":
+        try:
+            think_token_ids(tokenizer, cfg.think_open, cfg.think_close)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}: the main reward splits responses on the think tags' token ids; set "
+                             "--classmate.think_open / --classmate.think_close to the model's tags, or "
+                             "--classmate.final_answer whole_response for a model without a think block") from None
     env = {
+        "OPENRLHF_CLASSMATE_THINK_OPEN": cfg.think_open,
         "OPENRLHF_CLASSMATE_THINK_CLOSE": cfg.think_close,
         "OPENRLHF_CLASSMATE_FINAL_ANSWER": cfg.final_answer,
-        "OPENRLHF_CLASSMATE_STRIP_TOKENS": json.dumps(strip),
+        "OPENRLHF_CLASSMATE_STOP_IDS": json.dumps(list(load_stop_token_ids(args.actor.model_name_or_path, tokenizer))),
         "OPENRLHF_CLASSMATE_SCORER": cfg.main_scorer,
     }
     judge = judge_config_from_args(args)
@@ -116,6 +130,11 @@ class EngineFactory:
 
         # create_hf_engines mirrors create_vllm_engines' parameters (tested in test_upstream_pins)
         bound = inspect.signature(create_hf_engines).bind(*args, **kwargs).arguments
+        urls = bound.get("remote_rm_url") or []
+        if REWARD_FUNC_PATH in ([urls] if isinstance(urls, str) else urls) and not bound.get("agent_func_path"):
+            # the registry reward scores the answer split on token ids, not upstream's decoded query text
+            # (a user's --train.agent_func_path is never replaced: upstream then ignores the reward url)
+            bound["agent_func_path"] = POLICY_EXECUTOR_PATH
         if (classmate_enabled(self.args) and self.args.classmate.placement == "share"
                 and bound.get("shared_pg") is None and self.args.engine.backend != "hf"):
             import ray

@@ -80,7 +80,7 @@ def chain_correct(problem: W.Problem, cot: str) -> bool:
 
 def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: list[W.Problem], samples: int,
              seed: int) -> dict:
-    from openrlhf_classmate.reward_func import final_answer
+    from openrlhf_classmate.algo.response_split import ThinkFormat, decoded_answer, stop_token_ids
     from openrlhf_classmate.scoring import score_responses
 
     torch.manual_seed(seed)
@@ -97,16 +97,17 @@ def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: lis
     for i, r in enumerate(responses):
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = True
-    spans = cot_mask(ids, mask, open_id, close_id, main_tok.eos_token_id)
+    stops = stop_token_ids(main_tok, main_model.generation_config)
+    spans = cot_mask(ids, mask, open_id, close_id, stops)
+    form = ThinkFormat(open_id, close_id, stops)
 
-    strip = [t for t in main_tok.all_special_tokens if t not in ("<think>", "</think>")]
     rows, classmate_prompts = [], []
     for i, r in enumerate(responses):
         p = problems[i // samples]
         cot_ids = ids[i][spans.mask[i]].tolist()
         cot = main_tok.decode(cot_ids, skip_special_tokens=True)
         text = main_tok.decode(r, skip_special_tokens=False)
-        answer = final_answer(text, "</think>", strip)
+        answer = decoded_answer(main_tok, r, form.split(prompts[i], r))  # the training reward's answer
         request = build_classmate_input(classmate_tok, p.messages, cot_ids, main_tok, max_context=1 << 16,
                                         max_new_tokens=CLASSMATE_MAX_NEW_TOKENS)
         classmate_prompts.append(request.input_ids)

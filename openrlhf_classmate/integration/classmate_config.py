@@ -78,8 +78,9 @@ class ClassmateConfig:
     )
     final_answer: str = field(
         default="after_think",
-        metadata={"help": "What the main reward scores: the text after the think-close tag (a response without one "
-                          "has no answer and scores 0), or the whole response (non-thinking policies)",
+        metadata={"help": "What the main reward scores: what follows the think-close tag's token id (a response "
+                          "without one has no answer and scores 0), or the whole response (non-thinking policies; "
+                          "not with a classmate)",
                   "choices": ("after_think", "whole_response")},
     )
     think_open: str = field(default="<think>", metadata={"help": "Tag opening the main model's CoT"})
@@ -240,6 +241,10 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         return
 
     c.estimator = c.estimator or "gdpo"
+    if c.final_answer == "whole_response":
+        # the reward would score the whole response while the classmate reads the CoT: two different splits
+        _fail("--classmate.final_answer whole_response is for policies without a think block, which give a "
+              "classmate no CoT to read: drop it (the main answer is then the text after the think-close tag)")
     n_models = len(c.model_name_or_path)
     if c.weights is not None and len(c.weights) != n_models:
         _fail(f"--classmate.weights has {len(c.weights)} values for {n_models} classmate model(s)")

@@ -18,7 +18,8 @@ import torch
 
 from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_classmate_inputs
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
-from openrlhf_classmate.algo.spans import cot_mask, prompt_opens_think, think_token_ids, truncate_cot
+from openrlhf_classmate.algo.response_split import char_boundary, load_stop_token_ids
+from openrlhf_classmate.algo.spans import CotSpans, cot_mask, prompt_opens_think, think_token_ids, truncate_cot
 from openrlhf_classmate.integration.classmate_scoring import ClassmateAnswer, Scorer, registry_scorer
 
 # Conditions that read the main score (classmate_reward.CONDITIONS).
@@ -111,6 +112,8 @@ class ClassmateStage:
         self.engines = engines
         self.tokenizers = classmate_tokenizers
         self.open_id, self.close_id = think_token_ids(main_tokenizer, self.cfg.think_open, self.cfg.think_close)
+        # every id the policy engines stop on (the generation config's eos list), as the main reward uses
+        self.stop_ids = load_stop_token_ids(getattr(args.actor, "model_name_or_path", None), main_tokenizer)
         self.generator = torch.Generator().manual_seed(int(args.train.seed))
         self.request_seeds = np.random.default_rng([int(args.train.seed), 7])
         self.vanilla = self.cfg.loss == "vanilla_classmate"
@@ -129,10 +132,24 @@ class ClassmateStage:
             mask[i, : len(r)] = True
         opened = torch.tensor([prompt_opens_think(prompt_ids_of(s), self.open_id, self.close_id) for s in samples],
                               dtype=torch.bool)
-        full = cot_mask(ids, mask, self.open_id, self.close_id, self.main_tokenizer.eos_token_id, starts_in_think=opened)
+        full = cot_mask(ids, mask, self.open_id, self.close_id, self.stop_ids, starts_in_think=opened)
         kept, skip = truncate_cot(full, self.cfg.truncation, self.cfg.keep_min, self.cfg.keep_max, self.generator)
+        kept = self._at_char_boundaries(responses, full, kept)
         cot = [kept.mask[i, : len(r)] for i, r in enumerate(responses)]
         return Spans(responses, cot, full.length, full.has_answer, skip, opened)
+
+    def _at_char_boundaries(self, responses, full: CotSpans, kept: CotSpans) -> CotSpans:
+        """A truncated CoT ends on a character boundary: never between the byte tokens of one character."""
+        end = kept.end.clone()
+        for i, r in enumerate(responses):
+            start, cut, whole = int(kept.start[i]), int(kept.end[i]), int(full.end[i])
+            if cut < whole:
+                end[i] = start + char_boundary(self.main_tokenizer, r[start:whole].tolist(), cut - start)
+        if torch.equal(end, kept.end):
+            return kept
+        positions = torch.arange(kept.mask.shape[1]).unsqueeze(0)
+        mask = (positions >= kept.start.unsqueeze(1)) & (positions < end.unsqueeze(1))
+        return CotSpans(mask=mask, start=kept.start, end=end, has_answer=kept.has_answer)
 
     # ── dispatch / gather ──
 

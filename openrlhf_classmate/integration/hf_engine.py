@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from openrlhf_classmate.algo.response_split import load_stop_token_ids
+
 
 @dataclass
 class Logprob:
@@ -105,6 +107,8 @@ class HFEngine:
         self.model.eval()
         tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=True)
         self.eos_token_id = tokenizer.eos_token_id
+        # vLLM stops on every eos id of the generation config (Qwen3: <|im_end|> and <|endoftext|>), so do we
+        self.stop_token_ids = list(load_stop_token_ids(model, tokenizer))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
         self.max_model_len = max_model_len
         self.seed = seed
@@ -179,7 +183,7 @@ class HFEngine:
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
 
         greedy = params.temperature is None or params.temperature < 1e-5  # vLLM's greedy threshold
-        eos_ids = [self.eos_token_id, *(params.stop_token_ids or [])]
+        eos_ids = [*self.stop_token_ids, *(params.stop_token_ids or [])]
         min_p = float(getattr(params, "min_p", 0.0) or 0.0)
         min_new = int(getattr(params, "min_tokens", 0) or 0)
         if max_new is not None:

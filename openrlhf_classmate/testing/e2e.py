@@ -1,7 +1,10 @@
 """A tiny end-to-end world for the CPU (and GPU validation) runs of the launcher: two random tiny models sharing a
 five-digit vocabulary, and a jsonl of one-digit additions scored by the ``arithmetic`` scorer. The vocabulary is
 small on purpose: random models then emit ``</think>`` and correct digits often enough that rewards vary, so the
-policy loss and its gradient are not zero and a two-step run really changes the weights."""
+policy loss and its gradient are not zero and a two-step run really changes the weights.
+
+``build_bpe_world`` is the same world over realistic tokenizers (:mod:`openrlhf_classmate.testing.bpe_world`): a
+Qwen3-like policy and a SentencePiece-style classmate."""
 
 from __future__ import annotations
 
@@ -157,3 +160,65 @@ def max_weight_change(before: dict, after: dict) -> float:
     if before.keys() != after.keys():
         raise ValueError(f"different parameter names: {sorted(before.keys() ^ after.keys())[:5]}")
     return max(float((before[k] - after[k]).abs().max()) for k in before)
+
+
+def build_bpe_world(root: str, num_prompts: int = 16, seed: int = 0, warm_steps: int = 120) -> dict[str, str]:
+    """The end-to-end world over real-style tokenizers (issue 17): a Qwen3-like policy (byte-level BPE, ChatML,
+    stops on ``<|im_end|>`` and ``<|endoftext|>``) and a SentencePiece-style classmate (another vocabulary: the CoT
+    is re-tokenised), both tiny. The policy is warm-started for a few seconds on responses
+    ``<think>a + b = c</think>\\n\\nc<|im_end|>`` of which a quarter write ``</think>`` as ordinary pieces and a
+    quarter stop on ``<|endoftext|>``, so its rollouts hold genuine close tags, typed ones and both stop ids."""
+    from openrlhf_classmate.testing.bpe_world import save_world_model
+
+    os.makedirs(root, exist_ok=True)
+    policy = save_world_model("qwen3", os.path.join(root, "policy"), hidden_size=32, seed=seed)
+    classmate = save_world_model("sentencepiece", os.path.join(root, "classmate"), hidden_size=16, seed=seed + 1)
+    rng = random.Random(seed)
+    data = os.path.join(root, "train.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for _ in range(num_prompts):
+            a, b = rng.randint(0, 9), rng.randint(0, 9)
+            messages = [{"role": "user", "content": f"{a} + {b} = ?"}]
+            label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
+            f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
+    _warm_start_mixed_close_tags(policy, warm_steps, seed)
+    return {"root": root, "policy": policy, "classmate": classmate, "data": data}
+
+
+def _warm_start_mixed_close_tags(path: str, steps: int, seed: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from openrlhf_classmate.algo.classmate_prompt import encode_text
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    open_id, close_id = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    im_end, endoftext = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    rng = random.Random(seed)
+    examples = []
+    for i in range(64):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        prompt = tok.apply_chat_template([{"role": "user", "content": f"{a} + {b} = ?"}], add_generation_prompt=True,
+                                         tokenize=False)
+        close = encode_text(tok, "</think>") if i % 4 == 1 else [close_id]
+        stop = endoftext if i % 4 == 2 else im_end
+        response = [open_id] + encode_text(tok, f"{a} + {b} = {a + b}") + close + encode_text(tok, f"\n\n{a + b}")
+        examples.append((tok(prompt, add_special_tokens=False)["input_ids"], response + [stop]))
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for step in range(steps):
+        batch = [examples[(step * 16 + j) % len(examples)] for j in range(16)]
+        width = max(len(p) + len(r) for p, r in batch)
+        ids = torch.full((len(batch), width), tok.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        for j, (p, r) in enumerate(batch):
+            ids[j, : len(p) + len(r)] = torch.tensor(p + r)
+            labels[j, len(p): len(p) + len(r)] = torch.tensor(r)
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(path)

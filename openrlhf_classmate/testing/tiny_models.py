@@ -2,7 +2,9 @@
 
 Used by the tests, the CPU end-to-end runs and the demo: ``save_tiny_model(path, words)`` writes a randomly
 initialised Llama-architecture model (a few thousand to a few million parameters) plus a word-level tokenizer with
-``<think>`` / ``</think>`` and a chat template, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
+``<think>`` / ``</think>`` and a chat template, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. Pass
+``tokenizer=`` (e.g. a BPE tokenizer of :mod:`openrlhf_classmate.testing.bpe_world`) instead of ``words`` to put the
+model over another tokenizer, and ``stop_token_ids=`` for a generation config that stops on several ids.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
 
 
 def new_tiny_model(
-    words: list[str],
+    words: list[str] | None,
     hidden_size: int = 32,
     num_layers: int = 2,
     num_heads: int = 4,
@@ -23,15 +25,24 @@ def new_tiny_model(
     seed: int = 0,
     max_position_embeddings: int = 512,
     chat_template: str | None = None,
+    *,
+    tokenizer=None,
+    stop_token_ids: list[int] | None = None,
 ):
-    """A randomly initialised Llama causal LM and its word-level tokenizer (nothing saved).
+    """A randomly initialised Llama causal LM and its tokenizer (nothing saved): a word-level tokenizer over
+    ``words``, or ``tokenizer`` as given. ``stop_token_ids`` (default: the tokenizer's EOS) become the generation
+    config's ``eos_token_id``.
 
     Llama, not Qwen2: transformers forces its Qwen2 (byte-level BPE) tokenizer class onto any qwen2 model directory,
     which would silently re-tokenise our word-level vocabulary when the directory is reloaded.
     """
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = build_word_tokenizer(words, chat_template=chat_template)
+    if tokenizer is None:
+        tokenizer = build_word_tokenizer(words, chat_template=chat_template)
+    eos = list(stop_token_ids) if stop_token_ids else tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -41,15 +52,13 @@ def new_tiny_model(
         num_key_value_heads=num_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=bos)
     return model, tokenizer
 
 
