@@ -101,6 +101,8 @@ class ClassmateStage:
             scorer = score_responses
         self.score = scorer
         self._next_engine = [0] * len(engines)
+        self.last_scores: tuple[list, list[bool]] = ([], [])
+        """(score results of the classmate answers, per-sample validity) of the last ``gather``, for judge health"""
 
     # ── spans ──
 
@@ -202,6 +204,7 @@ class ClassmateStage:
         reward, sample_valid, raw_mean = combine_classmate_scores(
             scores, valid, main_rewards.double(), self.cfg.weights, self.cfg.reward_weight, self.cfg.condition
         )
+        self.last_scores = (list(results), sample_valid.tolist())
 
         log_probs = None
         if self.vanilla:

@@ -12,6 +12,8 @@ upstream name                                    rebound to / why
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
+``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
+                                                 ``*_hf`` folders rotate with ``--ckpt.max_num``)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
 ===============================================  ==========================================================
 
@@ -43,6 +45,7 @@ UPSTREAM_SHA256 = {
     "models/loss.py": "a6dd82c27e8b1711c6a33b6acd0319be25df9f9d54e2326b950d8f2131060860",
     "utils/agent.py": "bfe2cfefc53c664c1e66e3a60ab7683be8c4fc87064b1169275c339bf9d47331",
     "utils/deepspeed/deepspeed.py": "d43196e47227157d584e34a84a0471f9620b418add0365e8efb2ef24a6467f53",
+    "utils/utils.py": "5a5e651101f207b66f9e42a4982d1d492a555ec8aa49db98f6fe12d901a690d2",
 }
 
 EXPERIENCE_MODULES = (
@@ -180,7 +183,9 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
 
-    for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train"):
+    from openrlhf_classmate.integration.strategy import get_strategy
+
+    for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train", "get_strategy"):
         if not hasattr(cli, name):
             raise UpstreamChangedError(f"openrlhf.cli.train_ppo_ray.{name} is gone")
     real_pg = cli.placement_group
@@ -193,4 +198,5 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     cli.placement_group = recording_placement_group
     cli.create_vllm_engines = create_engines
     cli.PolicyModelActor = policy_actor_cls
+    cli.get_strategy = get_strategy
     ppo_trainer.PPOTrainer = trainer_factory

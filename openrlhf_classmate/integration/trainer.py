@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
 
+logger = init_logger(__name__)
+
 
 def judge_config_from_args(args):
+    """The judge of both reward streams (``--classmate.judge_*``), or None without ``--classmate.judge_base_url``."""
     cfg = args.classmate
     if not cfg.judge_base_url:
         return None
     from openrlhf_classmate.scoring import JudgeConfig
 
-    return JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model or "", api_key_env=cfg.judge_api_key_env)
+    return JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model or "", api_key_env=cfg.judge_api_key_env,
+                       timeout_s=cfg.judge_timeout_s, max_retries=cfg.judge_max_retries,
+                       max_concurrency=cfg.judge_max_concurrency)
 
 
 class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
@@ -30,17 +36,20 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
         args = strategy.args
         self.classmate_engines = classmate_engines or []  # [K][engines]; never part of self.vllm_engines
         stage = None
+        self.judge_client = None  # scores the classmate answers; its replies feed the step's judge metrics
         if self.classmate_engines:
             from transformers import AutoTokenizer
 
             from openrlhf_classmate.integration.classmate_stage import ClassmateStage
-            from openrlhf_classmate.scoring import score_responses
+            from openrlhf_classmate.scoring import JudgeClient, score_responses
 
             tokenizers = [AutoTokenizer.from_pretrained(p, trust_remote_code=True)
                           for p in args.classmate.model_name_or_path]
             judge = judge_config_from_args(args)
+            self.judge_client = JudgeClient(judge) if judge is not None else None
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, tokenizers,
-                                   scorer=lambda texts, labels: score_responses(texts, labels, judge=judge))
+                                   scorer=lambda texts, labels: score_responses(texts, labels, judge=self.judge_client))
+        self.classmate_stage = stage
         self.experience_maker = ClassmateExperienceMaker(
             self.actor_model_group,
             self.critic_model_group,
@@ -53,6 +62,19 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
             classmate_engines=[e for group in self.classmate_engines for e in group],
             colocated=classmate_colocated,
         )
+
+    def train_step(self, rollout_samples, global_step: int):
+        """Upstream's step, plus the step's judge health (``judge/*`` and the valid fractions; a warning line when a
+        judge request or a score failed)."""
+        from openrlhf_classmate.integration.step_health import main_tally, step_report
+
+        main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
+        status, next_step = super().train_step(rollout_samples, global_step)
+        metrics, warning = step_report(main, self.classmate_stage, self.judge_client)
+        status.update(metrics)
+        if warning:
+            logger.warning(f"step {next_step}: {warning}")
+        return status, next_step
 
     def broadcast_to_vllm(self) -> None:
         if self.args.engine.backend != "hf":
