@@ -206,7 +206,13 @@ http.server.HTTPServer((host, port), H).serve_forever()
 '''
 
 FAKE_PYTHON = r'''#!/usr/bin/env bash
-# stands in for the launcher's python: records its arguments and environment, exits with FAKE_PYTHON_STATUS
+# stands in for the launcher's python: records its arguments and environment, exits with FAKE_PYTHON_STATUS;
+# the preflight (--check) is recorded apart, with the time, and exits with FAKE_CHECK_STATUS
+if [[ " $* " == *" --check "* ]]; then
+  date +%s.%N >> "$FAKE_PYTHON_RECORD.check"
+  [[ "${FAKE_CHECK_STATUS:-0}" == 0 ]] || echo "error: --classmate.top_p must be in (0, 1], got 0.0" >&2
+  exit "${FAKE_CHECK_STATUS:-0}"
+fi
 printf '%s\n' "$@" > "$FAKE_PYTHON_RECORD"
 echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >> "$FAKE_PYTHON_RECORD.env"
 exit "${FAKE_PYTHON_STATUS:-0}"
@@ -265,14 +271,40 @@ def test_script_starts_the_judge_waits_launches_and_stops_it(tmp_path, fakes):
     assert flags[flags.index("--actor.num_gpus_per_node") + 1] == "2" and flags[-2:-1] == ["5"]
     assert open(fakes["FAKE_PYTHON_RECORD"] + ".env").read().strip() == "CUDA_VISIBLE_DEVICES=0,1"
     assert (tmp_path / "run" / "logs" / "judge.log").exists()
+    # the preflight ran once, before the judge server was started
+    checks = open(fakes["FAKE_PYTHON_RECORD"] + ".check").read().split()
+    assert len(checks) == 1 and float(checks[0]) < os.stat(fakes["FAKE_VLLM_RECORD"]).st_mtime
+
+
+def test_a_refused_preflight_starts_no_server_and_no_launch(tmp_path, fakes):
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
+               PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"], FAKE_CHECK_STATUS="1",
+               GPUS_PER_NODE="1", JUDGE_PORT=str(_free_port()), JUDGE_MODEL="judge-x", DATA=str(data), EVAL_DATA="",
+               OUTPUT_DIR=str(tmp_path / "run"))
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "warmup.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert "error: --classmate.top_p must be in (0, 1]" in proc.stderr and "preflight refused the run" in proc.stderr
+    assert not os.path.exists(fakes["FAKE_VLLM_RECORD"]) and not os.path.exists(fakes["FAKE_PYTHON_RECORD"])
+
+
+@pytest.mark.parametrize("name, value", [("GPUS_PER_NODE", "0"), ("GPUS_PER_NODE", "two"), ("NNODES", "0"),
+                                         ("VLLM_TP", "-1"), ("SERVER_GPUS", "x")])
+def test_bad_gpu_counts_are_refused(name, value):
+    proc = _bash("setup_gpus", {"CUDA_VISIBLE_DEVICES": "0,1", name: value})
+    assert proc.returncode == 1 and f"error: {name}={value}: must be a whole number" in proc.stderr
 
 
 def test_a_server_that_never_becomes_ready_fails_the_script_and_is_stopped(tmp_path, fakes):
     port = _free_port()
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
     env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
                FAKE_VLLM_DELAY="30", SERVER_READY_TIMEOUT="1", SERVER_POLL_INTERVAL="0.1", GPUS_PER_NODE="1",
                JUDGE_PORT=str(port), PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
-               OUTPUT_DIR=str(tmp_path / "run"))
+               OUTPUT_DIR=str(tmp_path / "run"), MODEL=str(tmp_path), DATA=str(data), EVAL_DATA="")
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gdpo.sh")], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 1
@@ -283,13 +315,12 @@ def test_a_server_that_never_becomes_ready_fails_the_script_and_is_stopped(tmp_p
     assert not _alive(pid)
 
 
-def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, fakes):
+def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, tiny):
     port = _free_port()
     stop = _serve(port)
-    data = tmp_path / "d.jsonl"
-    data.write_text("{}\n")
     env = dict(os.environ, JUDGE_URL=f"http://127.0.0.1:{port}/v1", GPUS_PER_NODE="1", PYTHON=sys.executable,
-               DATA=str(data), EVAL_DATA="", MODEL="Qwen/Qwen3-0.6B", DRY_RUN="1")
+               DATA=tiny["judge_data"], EVAL_DATA="", MODEL=tiny["policy"], DRY_RUN="1",
+               OUTPUT_DIR=str(tmp_path / "out"))
     try:
         proc = subprocess.run(["bash", os.path.join(SCRIPTS, "baseline_grpo.sh")], env=env, capture_output=True,
                               text=True, timeout=60)
@@ -298,6 +329,20 @@ def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, fakes):
     assert proc.returncode == 0, proc.stderr
     assert "vllm serve" not in proc.stdout  # nothing started
     assert f"--classmate.judge_base_url http://127.0.0.1:{port}/v1 --classmate.judge_model served-judge" in proc.stdout
+    assert "check passed: the run would start" in proc.stderr  # the real preflight, with the judge flags
+
+
+def test_dry_run_runs_the_real_preflight_and_stops_on_bad_data(tmp_path, tiny):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"prompt": "1 + 1 = ?", "label": "{\\"data_source\\": \\"gsm8kk\\"}"}\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    env.update(DRY_RUN="1", PYTHON=sys.executable, MODEL=tiny["policy"], DATA=str(bad), EVAL_DATA="",
+               GPUS_PER_NODE="1", OUTPUT_DIR=str(tmp_path / "out"))
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gsm8k.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1
+    assert f"error: {bad}:1: field 'label'" in proc.stderr and "Did you mean 'gsm8k'" in proc.stderr
+    assert "+ " not in proc.stdout  # no command printed: nothing would start
 
 
 def test_missing_inputs_are_named(tmp_path, fakes):
@@ -327,18 +372,24 @@ def tiny(tmp_path_factory):
     words = ["a", "b", "1", "2"]
     policy = save_tiny_model(str(root / "policy"), words, hidden_size=8, num_layers=1, num_heads=2)
     classmate = save_tiny_model(str(root / "classmate"), words, hidden_size=8, num_layers=1, num_heads=2, seed=1)
-    data, eval_data = root / "train.jsonl", root / "eval.jsonl"
-    data.write_text("{}\n")
-    eval_data.write_text("{}\n")
-    return {"policy": policy, "classmate": classmate, "data": str(data), "eval": str(eval_data), "root": str(root)}
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    label = {"data_source": "arithmetic", "ground_truth": "2", "messages": chat}
+    judged = {"data_source": "helpful_instructions", "ground_truth": None, "raw_question_for_monitor": "1 + 1 = ?",
+              "messages": chat}
+    data, eval_data, judge_data = root / "train.jsonl", root / "eval.jsonl", root / "helpful.jsonl"
+    for path, lab in ((data, label), (eval_data, label), (judge_data, judged)):
+        path.write_text(json.dumps({"prompt": chat, "label": json.dumps(lab)}) + "\n")
+    return {"policy": policy, "classmate": classmate, "data": str(data), "eval": str(eval_data), "root": str(root),
+            "judge_data": str(judge_data)}
 
 
 def _dry_run(script: str, env: dict, *args: str) -> tuple[list[str], list[str], str]:
     full = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
-    full.update(DRY_RUN="1", **env)
+    full.update(DRY_RUN="1", PYTHON=sys.executable, **env)
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "check passed: the run would start" in proc.stderr  # the launcher's preflight ran first
     commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     launcher = [c for c in commands if "openrlhf_classmate.cli.train_ppo_ray" in c]
     assert len(launcher) == 1, proc.stdout

@@ -337,7 +337,8 @@ def check_datasets(args: SimpleNamespace, report: PreflightReport) -> None:
 
 
 def _single_token(tokenizer, tag: str) -> bool:
-    return len(tokenizer.encode(tag, add_special_tokens=False)) == 1
+    ids = tokenizer.encode(tag, add_special_tokens=False)
+    return len(ids) == 1 and ids[0] != getattr(tokenizer, "unk_token_id", None)  # unknown text maps to <unk>
 
 
 def check_tokenizers(args: SimpleNamespace, report: PreflightReport, load: Callable[[str], Any] | None = None) -> None:

@@ -14,18 +14,25 @@ from openrlhf_classmate.testing.tiny_models import save_tiny_model
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
 
 
-def build_world(root: str, num_prompts: int = 16, seed: int = 0) -> dict[str, str]:
+def build_world(root: str, num_prompts: int = 16, seed: int = 0, judged: bool = False) -> dict[str, str]:
+    """``judged``: the rows are rated by the LLM judge (data source ``helpful_instructions``) instead of the
+    ``arithmetic`` scorer; each row's question carries ``[[fake:key=rowN]]`` for the fake judge server (see
+    :mod:`openrlhf_classmate.scoring.testing_server`), so a test can tell which rows a step scored."""
     os.makedirs(root, exist_ok=True)
     policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=32, seed=seed)
     classmate = save_tiny_model(os.path.join(root, "classmate"), WORDS, hidden_size=16, seed=seed + 1)
     rng = random.Random(seed)
     data = os.path.join(root, "train.jsonl")
     with open(data, "w", encoding="utf-8") as f:
-        for _ in range(num_prompts):
+        for i in range(num_prompts):
             a = rng.randint(0, 4)
             b = rng.randint(0, 4 - a)
             messages = [{"role": "user", "content": f"{a} + {b} = ?"}]
-            label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
+            if judged:
+                label = {"data_source": "helpful_instructions", "ground_truth": None,
+                         "raw_question_for_monitor": f"{a} + {b} = ? [[fake:key=row{i}]]", "messages": messages}
+            else:
+                label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
             f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
     return {"root": root, "policy": policy, "classmate": classmate, "data": data}
 
