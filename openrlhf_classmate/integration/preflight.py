@@ -132,7 +132,7 @@ def check_ranges(args: SimpleNamespace) -> None:
             raise PreflightError(f"--{flag} must be >= 1, got {_get(args, flag)}")
     if args.rollout.n_samples_per_prompt < 1:
         raise PreflightError(f"--rollout.n_samples_per_prompt must be >= 1, got {args.rollout.n_samples_per_prompt}")
-    if args.data.max_len <= args.rollout.max_new_tokens:
+    if args.rollout.max_new_tokens is not None and args.data.max_len <= args.rollout.max_new_tokens:
         raise PreflightError(
             f"--data.max_len {args.data.max_len} (prompt + response) leaves no room for a prompt next to "
             f"--rollout.max_new_tokens {args.rollout.max_new_tokens}: raise --data.max_len")
