@@ -48,7 +48,7 @@ def _keys(requests: list[dict]) -> list[str]:
 
 
 def _launch(argv: list[str], log_path: str) -> str:
-    code = run_launcher(argv, log_path, cwd=REPO)
+    code = run_launcher(argv, log_path, cwd=REPO, timeout=1800)
     text = open(log_path, errors="replace").read()
     if code != 0:
         pytest.fail(f"launcher exited with {code}; log tail:\n{text[-6000:]}")
@@ -86,17 +86,30 @@ def test_judge_down_for_a_whole_step_is_masked_counted_warned_and_the_run_goes_o
     assert "Traceback" not in log
 
 
-def _kill_session(proc: subprocess.Popen) -> int:
-    """SIGKILL every process of the run's session (the launcher, Ray's daemons and workers); returns how many."""
-    sid = proc.pid
-    victims = []
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every process."""
+    out = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.getsid(int(entry)) == sid:
-                    victims.append(int(entry))
-            except (ProcessLookupError, PermissionError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(entry)] = (int(fields[1]), int(fields[3]))
+            except (OSError, IndexError, ValueError):
                 continue
+    return out
+
+
+def _kill_run(proc: subprocess.Popen) -> int:
+    """SIGKILL the run: every process of its session and every descendant (Ray's daemons and workers, some of which
+    start sessions of their own), all at once, as a node failure would. Returns how many were killed."""
+    table = _processes()
+    victims = {pid for pid, (_, sid) in table.items() if sid == proc.pid} | {proc.pid}
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _) in table.items() if ppid in victims} - victims
+        victims |= more
+        grew = bool(more)
     for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -120,7 +133,7 @@ def test_kill_9_during_a_step_then_resume_continues_at_the_same_step_and_data_po
             while len(_keys(list(server.requests))) < 5 and proc.poll() is None and time.time() < deadline:
                 time.sleep(0.05)
             assert proc.poll() is None, open(tmp_path / "killed.log").read()[-4000:]
-            assert _kill_session(proc) >= 2
+            assert _kill_run(proc) >= 2
         killed_requests = len(server.requests)
         seen = _keys(list(server.requests))
         step1, step2_partial = seen[:4], seen[4:]
