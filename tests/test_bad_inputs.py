@@ -225,7 +225,7 @@ LAUNCHER = [
       classmate=False, data=lambda w, t: w["judge_data"]),
     L("eval dataset with a bad row", lambda w, t: ["--eval.dataset", _jsonl(t / "eval.jsonl", [_row(), "oops"])],
       "eval.jsonl:2", "invalid JSON"),
-    L("label key unset with the registry reward", ["--data.label_key", ""], "--data.label_key"),
+    L("label key unset with the registry reward", ["--data.label_key", ""], "--data.label_key is not set"),
     L("prompt_probs count mismatch", ["--data.prompt_probs", "0.5,0.5"], "--data.prompt_probs", "2 values for 1"),
     L("judge URL without scheme", ["--classmate.judge_base_url", "127.0.0.1:8000/v1", "--classmate.judge_model", "j"],
       "--classmate.judge_base_url", "http(s) URL"),

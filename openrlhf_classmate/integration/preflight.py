@@ -274,7 +274,7 @@ def scan_dataset(flag: str, spec: str, needs: DatasetNeeds, max_rows: int, judge
                     break
                 rows += 1
                 _check_prompt(row.get(needs.input_key), needs, location)
-                if needs.label_key is None:
+                if not needs.label_key:
                     continue
                 if needs.label_key not in row:
                     raise PreflightError(f"{location}: field '{needs.label_key}' missing (the label; "
@@ -319,7 +319,7 @@ def check_datasets(args: SimpleNamespace, report: PreflightReport) -> None:
         labels_scored=registry_reward_in_use(args) or enabled, classmate=enabled,
         scorer_override=args.classmate.scorer,
     )
-    if needs.labels_scored and needs.label_key is None:
+    if needs.labels_scored and not needs.label_key:
         raise PreflightError("--data.label_key is not set: the scorer registry needs each row's label (setup_data "
                              "files: --data.label_key label)")
     if not args.data.prompt_dataset:
