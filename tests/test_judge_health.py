@@ -142,3 +142,17 @@ def test_classmate_stream_from_the_controllers_judge_client():
     assert "first failure (classmate answer): judge HTTP 502" in warning
     assert client.take_replies() == []  # taken once per step
     assert tally_from_logs([], []).requests == 0
+
+
+def test_a_judge_scored_step_without_a_judge_stops_the_run():
+    """Hub datasets escape the preflight's file scan; the first step refuses them instead of training on failures."""
+    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.integration.step_health import JudgeMissingError, require_judge
+
+    args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "org/hub-data",
+                       "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1"])
+    judged = [SimpleNamespace(labels=[json.dumps(LABEL)])]
+    with pytest.raises(JudgeMissingError, match="scorer 'sycophancy_judge'.*--classmate.judge_base_url"):
+        require_judge(judged, args, None)
+    require_judge(judged, args, JudgeConfig(base_url="http://127.0.0.1:9/v1", model="j"))
+    require_judge([SimpleNamespace(labels=[json.dumps({"data_source": "gsm8k", "ground_truth": "1"})])], args, None)

@@ -66,8 +66,9 @@ class ClassmatePPOTrainer(PPOTrainer.__ray_actor_class__):
     def train_step(self, rollout_samples, global_step: int):
         """Upstream's step, plus the step's judge health (``judge/*`` and the valid fractions; a warning line when a
         judge request or a score failed)."""
-        from openrlhf_classmate.integration.step_health import main_tally, step_report
+        from openrlhf_classmate.integration.step_health import main_tally, require_judge, step_report
 
+        require_judge(rollout_samples, self.args, judge_config_from_args(self.args))
         main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
         status, next_step = super().train_step(rollout_samples, global_step)
         metrics, warning = step_report(main, self.classmate_stage, self.judge_client)
