@@ -55,6 +55,7 @@ def step_report(main: JudgeTally | None, classmate_stage, judge_client) -> tuple
     classmate = None
     if classmate_stage is not None:
         results, valid = classmate_stage.last_scores
+        classmate_stage.last_scores = ([], [])  # read once: a step without a classmate stage reports none
         replies = judge_client.take_replies() if judge_client is not None else []
         classmate = tally(replies, valid, results)
     return step_health(main, classmate)
