@@ -109,7 +109,7 @@ def _fake_checkpoint(root, tags=("global_step3",), latest="global_step3", hf=Fal
     actor = root / "ckpt" / "_actor"
     for tag in tags:
         (actor / tag).mkdir(parents=True)
-        (actor / tag / "mp_rank_00_model_states.pt").write_bytes(b"")
+        torch.save({"module": {}}, actor / tag / "mp_rank_00_model_states.pt")  # complete file (no weights needed)
     if latest:
         (actor / "latest").write_text(latest)
     if hf:

@@ -232,10 +232,11 @@ def test_close_shuts_the_engine_core_down(world, fake_vllm):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--temperature", "2.5"], r"--temperature 2.5 .* temperature must be in \[0, 2\]"),
-    (["--top-p", "0"], r"top_p must be in \(0, 1\]"),
-    (["--top-k", "-3"], "top_k must be 0"),
-    (["--classmate-temperature", "-1", "--classmate", "CLASSMATE"], "--classmate-temperature -1.0 .* non-negative"),
+    (["--temperature", "2.5"], r"error: --temperature must be in \[0, 2\], got 2.5"),
+    (["--top-p", "0"], r"error: --top-p must be in \(0, 1\], got 0.0"),
+    (["--top-k", "-3"], "error: --top-k must be >= -1, got -3"),
+    (["--classmate-temperature", "-1", "--classmate", "CLASSMATE"],
+     r"error: --classmate-temperature must be in \[0, 2\], got -1.0"),
 ])
 def test_sampling_settings_vllm_rejects_fail_up_front(world, tmp_path, capsys, extra, message):
     extra = [world["classmate"] if x == "CLASSMATE" else x for x in extra]

@@ -42,7 +42,8 @@ def test_upstream_post_processing_and_checks_still_run():
     args = parse_args(BASE)
     assert args.actor.eps_clip_low_high == (0.2, 0.2)  # upstream default filled in
     assert args.rollout.vllm_generate_batch_size == 4
-    with pytest.raises(AssertionError, match="n_samples_per_prompt > 1"):
+    # upstream's assert, reported with our flag names instead of a traceback
+    with pytest.raises(ConfigError, match=r"group_norm normalises .* --rollout.n_samples_per_prompt >= 2"):
         parse_args(BASE + ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"])
     args = parse_args(BASE + ["--vllm.enable_sleep"])
     assert args.vllm.enable_sleep is False  # upstream turns sleep off without colocate_all

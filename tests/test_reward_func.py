@@ -15,7 +15,9 @@ def test_reward_func_scores_the_given_answer_with_the_registry(answer, expected)
     out = reward_func(["P:<think> 4 </think> 7"], ["P:"], [ARITHMETIC], answers=[answer])
     assert (out["rewards"], out["scores"]) == (expected, expected)
     # no answer is the policy's failure: a valid 0, not an invalid score
-    assert out["extra_logs"] == {"has_answer": float(answer is not None), "main_valid": 1.0}
+    logs = {k: v for k, v in out["extra_logs"].items() if not k.startswith("judge_sample/")}  # no judge: zeros
+    assert logs == {"has_answer": float(answer is not None), "main_valid": 1.0}
+    assert out["extra_logs"]["judge_sample/requests"] == 0.0
 
 
 def test_the_query_text_is_never_searched():
@@ -33,7 +35,7 @@ def test_reward_func_scorer_override(monkeypatch):
 def test_a_scoring_failure_is_an_explicit_invalid_score_not_an_exception(capsys):
     # raising here would be swallowed by OpenRLHF's executor and resurface as an unrelated error
     out = reward_func(["q"], ["P:"], [json.dumps({"data_source": "nope", "ground_truth": "1"})], answers=["1"])
-    assert out["rewards"] == 0.0 and out["extra_logs"] == {"has_answer": 1.0, "main_valid": 0.0}
+    assert out["rewards"] == 0.0 and (out["extra_logs"]["has_answer"], out["extra_logs"]["main_valid"]) == (1.0, 0.0)
     assert "'nope'" in capsys.readouterr().err
 
 
@@ -44,6 +46,6 @@ def test_without_answers_every_score_is_invalid_and_one_line_says_why(capsys, mo
     monkeypatch.setattr(module, "_REPORTED", set())  # once per process: an earlier test may have printed it
     for _ in range(3):
         out = reward_func(["P:<think> 4 </think> 7"], ["P:"], [ARITHMETIC])
-        assert out["rewards"] == 0.0 and out["extra_logs"] == {"has_answer": 0.0, "main_valid": 0.0}
+        assert out["rewards"] == 0.0 and out["extra_logs"]["has_answer"] == 0.0 and out["extra_logs"]["main_valid"] == 0.0
     err = capsys.readouterr().err
     assert err.count("scoring failed") == 1 and "python -m openrlhf_classmate.cli.train_ppo_ray" in err

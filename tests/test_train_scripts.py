@@ -206,7 +206,13 @@ http.server.HTTPServer((host, port), H).serve_forever()
 '''
 
 FAKE_PYTHON = r'''#!/usr/bin/env bash
-# stands in for the launcher's python: records its arguments and environment, exits with FAKE_PYTHON_STATUS
+# stands in for the launcher's python: records its arguments and environment, exits with FAKE_PYTHON_STATUS;
+# the preflight (--check) is recorded apart, with the time, and exits with FAKE_CHECK_STATUS
+if [[ " $* " == *" --check "* ]]; then
+  date +%s.%N >> "$FAKE_PYTHON_RECORD.check"
+  [[ "${FAKE_CHECK_STATUS:-0}" == 0 ]] || echo "error: --classmate.top_p must be in (0, 1], got 0.0" >&2
+  exit "${FAKE_CHECK_STATUS:-0}"
+fi
 printf '%s\n' "$@" > "$FAKE_PYTHON_RECORD"
 echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >> "$FAKE_PYTHON_RECORD.env"
 exit "${FAKE_PYTHON_STATUS:-0}"
@@ -265,14 +271,40 @@ def test_script_starts_the_judge_waits_launches_and_stops_it(tmp_path, fakes):
     assert flags[flags.index("--actor.num_gpus_per_node") + 1] == "2" and flags[-2:-1] == ["5"]
     assert open(fakes["FAKE_PYTHON_RECORD"] + ".env").read().strip() == "CUDA_VISIBLE_DEVICES=0,1"
     assert (tmp_path / "run" / "logs" / "judge.log").exists()
+    # the preflight ran once, before the judge server was started
+    checks = open(fakes["FAKE_PYTHON_RECORD"] + ".check").read().split()
+    assert len(checks) == 1 and float(checks[0]) < os.stat(fakes["FAKE_VLLM_RECORD"]).st_mtime
+
+
+def test_a_refused_preflight_starts_no_server_and_no_launch(tmp_path, fakes):
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
+               PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"], FAKE_CHECK_STATUS="1",
+               GPUS_PER_NODE="1", JUDGE_PORT=str(_free_port()), JUDGE_MODEL="judge-x", DATA=str(data), EVAL_DATA="",
+               OUTPUT_DIR=str(tmp_path / "run"))
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "warmup.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert "error: --classmate.top_p must be in (0, 1]" in proc.stderr and "preflight refused the run" in proc.stderr
+    assert not os.path.exists(fakes["FAKE_VLLM_RECORD"]) and not os.path.exists(fakes["FAKE_PYTHON_RECORD"])
+
+
+@pytest.mark.parametrize("name, value", [("GPUS_PER_NODE", "0"), ("GPUS_PER_NODE", "two"), ("NNODES", "0"),
+                                         ("VLLM_TP", "-1"), ("SERVER_GPUS", "x")])
+def test_bad_gpu_counts_are_refused(name, value):
+    proc = _bash("setup_gpus", {"CUDA_VISIBLE_DEVICES": "0,1", name: value})
+    assert proc.returncode == 1 and f"error: {name}={value}: must be a whole number" in proc.stderr
 
 
 def test_a_server_that_never_becomes_ready_fails_the_script_and_is_stopped(tmp_path, fakes):
     port = _free_port()
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
     env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
                FAKE_VLLM_DELAY="30", SERVER_READY_TIMEOUT="1", SERVER_POLL_INTERVAL="0.1", GPUS_PER_NODE="1",
                JUDGE_PORT=str(port), PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
-               OUTPUT_DIR=str(tmp_path / "run"))
+               OUTPUT_DIR=str(tmp_path / "run"), MODEL=str(tmp_path), DATA=str(data), EVAL_DATA="")
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gdpo.sh")], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 1
@@ -283,13 +315,12 @@ def test_a_server_that_never_becomes_ready_fails_the_script_and_is_stopped(tmp_p
     assert not _alive(pid)
 
 
-def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, fakes):
+def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, tiny):
     port = _free_port()
     stop = _serve(port)
-    data = tmp_path / "d.jsonl"
-    data.write_text("{}\n")
     env = dict(os.environ, JUDGE_URL=f"http://127.0.0.1:{port}/v1", GPUS_PER_NODE="1", PYTHON=sys.executable,
-               DATA=str(data), EVAL_DATA="", MODEL="Qwen/Qwen3-0.6B", DRY_RUN="1")
+               DATA=tiny["judge_data"], EVAL_DATA="", MODEL=tiny["policy"], DRY_RUN="1",
+               OUTPUT_DIR=str(tmp_path / "out"))
     try:
         proc = subprocess.run(["bash", os.path.join(SCRIPTS, "baseline_grpo.sh")], env=env, capture_output=True,
                               text=True, timeout=60)
@@ -298,6 +329,20 @@ def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, fakes):
     assert proc.returncode == 0, proc.stderr
     assert "vllm serve" not in proc.stdout  # nothing started
     assert f"--classmate.judge_base_url http://127.0.0.1:{port}/v1 --classmate.judge_model served-judge" in proc.stdout
+    assert "check passed: the run would start" in proc.stderr  # the real preflight, with the judge flags
+
+
+def test_dry_run_runs_the_real_preflight_and_stops_on_bad_data(tmp_path, tiny):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"prompt": "1 + 1 = ?", "label": "{\\"data_source\\": \\"gsm8kk\\"}"}\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    env.update(DRY_RUN="1", PYTHON=sys.executable, MODEL=tiny["policy"], DATA=str(bad), EVAL_DATA="",
+               GPUS_PER_NODE="1", OUTPUT_DIR=str(tmp_path / "out"))
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gsm8k.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1
+    assert f"error: {bad}:1: field 'label'" in proc.stderr and "Did you mean 'gsm8k'" in proc.stderr
+    assert "+ " not in proc.stdout  # no command printed: nothing would start
 
 
 FAKE_CODE_LAUNCHER = r'''#!/usr/bin/env bash
@@ -337,13 +382,15 @@ def test_a_bad_code_reward_is_named(tmp_path):
     proc = _bash("use_sandbox", {"CODE_REWARD": "partial", "SANDBOX_URL": "http://127.0.0.1:1"})
     assert proc.returncode == 1 and "CODE_REWARD must be fraction or all_or_nothing, got 'partial'" in proc.stderr
 
-def test_given_tinyv_and_classifier_urls_reach_the_launcher(tmp_path):
+def test_given_tinyv_and_classifier_urls_reach_the_launcher(tmp_path, tiny):
     port, a, b = _free_port(), _free_port(), _free_port()
     stops = [_serve(port), _serve(a), _serve(b)]
     data = tmp_path / "d.jsonl"
-    data.write_text("{}\n")
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    label = {"data_source": "bigmath_tinyv", "ground_truth": "2", "question": "1 + 1 = ?", "messages": chat}
+    data.write_text(json.dumps({"prompt": chat, "label": json.dumps(label)}) + "\n")
     env = dict(os.environ, GPUS_PER_NODE="1", PYTHON=sys.executable, DATA=str(data), EVAL_DATA="",
-               MODEL="Qwen/Qwen3-0.6B", DRY_RUN="1", TINYV_URL=f"http://127.0.0.1:{port}/v1", TINYV_MODE="mixed",
+               MODEL=tiny["policy"], DRY_RUN="1", TINYV_URL=f"http://127.0.0.1:{port}/v1", TINYV_MODE="mixed",
                TINYV_WEIGHT="0.5", DARLING_CLASSIFIER_URLS=f"http://127.0.0.1:{a}/v1,http://127.0.0.1:{b}/v1")
     try:
         tinyv = subprocess.run(["bash", os.path.join(SCRIPTS, "tinyv.sh")], env=env, capture_output=True,
@@ -387,18 +434,24 @@ def tiny(tmp_path_factory):
     words = ["a", "b", "1", "2"]
     policy = save_tiny_model(str(root / "policy"), words, hidden_size=8, num_layers=1, num_heads=2)
     classmate = save_tiny_model(str(root / "classmate"), words, hidden_size=8, num_layers=1, num_heads=2, seed=1)
-    data, eval_data = root / "train.jsonl", root / "eval.jsonl"
-    data.write_text("{}\n")
-    eval_data.write_text("{}\n")
-    return {"policy": policy, "classmate": classmate, "data": str(data), "eval": str(eval_data), "root": str(root)}
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    label = {"data_source": "arithmetic", "ground_truth": "2", "messages": chat}
+    judged = {"data_source": "helpful_instructions", "ground_truth": None, "raw_question_for_monitor": "1 + 1 = ?",
+              "messages": chat}
+    data, eval_data, judge_data = root / "train.jsonl", root / "eval.jsonl", root / "helpful.jsonl"
+    for path, lab in ((data, label), (eval_data, label), (judge_data, judged)):
+        path.write_text(json.dumps({"prompt": chat, "label": json.dumps(lab)}) + "\n")
+    return {"policy": policy, "classmate": classmate, "data": str(data), "eval": str(eval_data), "root": str(root),
+            "judge_data": str(judge_data)}
 
 
 def _dry_run(script: str, env: dict, *args: str) -> tuple[list[str], list[str], str]:
     full = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
-    full.update(DRY_RUN="1", **env)
+    full.update(DRY_RUN="1", PYTHON=sys.executable, **env)
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "check passed: the run would start" in proc.stderr  # the launcher's preflight ran first
     commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     launcher = [c for c in commands if "openrlhf_classmate.cli.train_ppo_ray" in c]
     assert len(launcher) == 1, proc.stdout
@@ -417,13 +470,19 @@ def test_dry_run_command_parses_and_maps_the_environment(script, tiny, tmp_path)
     env = {"MODEL": tiny["policy"], "CLASSMATE_MODEL": tiny["classmate"], "DATA": tiny["data"],
            "EVAL_DATA": tiny["eval"], "OUTPUT_DIR": out, "GPUS_PER_NODE": "2",
            "DARLING_CLASSIFIER_MODEL": tiny["classmate"], "JUDGE_PORT": "8123"}
-    cmd, servers, _ = _dry_run(script, env, "--train.seed", "7")
-    # the fixture's rows are "{}": no precomputed VR-CLI baselines for the launch check to accept
-    args = parse_args(_launcher_flags(cmd) + (["--vrcli.baseline", "online"] if script == "vrcli" else []))
+    extra = []
+    if script == "vrcli":  # VR-CLI rows (without precomputed baselines: computed online)
+        from openrlhf_classmate.testing.vrcli_world import write_story_rows
+
+        env["DATA"] = env["EVAL_DATA"] = str(tmp_path / "stories.jsonl")
+        write_story_rows(env["DATA"], 2, seed=0)
+        extra = ["--vrcli.baseline", "online"]
+    cmd, servers, _ = _dry_run(script, env, "--train.seed", "7", *extra)
+    args = parse_args(_launcher_flags(cmd))
     assert cmd[0].endswith("python") or "python" in os.path.basename(cmd[0])
     assert args.config == os.path.join(REPO, "configs", f"{script}.yaml")
     assert args.actor.model_name_or_path == tiny["policy"]
-    assert args.data.prompt_dataset == tiny["data"] and args.eval.dataset == tiny["eval"]
+    assert args.data.prompt_dataset == env["DATA"] and args.eval.dataset == env["EVAL_DATA"]
     assert args.ckpt.path == f"{out}/ckpt" and args.ckpt.output_dir == f"{out}/final"
     assert args.logger.tensorboard_dir == f"{out}/tensorboard"
     assert args.actor.num_gpus_per_node == 2 and args.vllm.num_engines == 2 and args.ref.num_gpus_per_node == 2

@@ -2,9 +2,14 @@
 # Shared helpers of train_scripts/*.sh. Source it (`. train_scripts/lib.sh`); it defines functions and defaults and
 # runs nothing by itself.
 #
-# A run script sets MODEL / DATA / EVAL_DATA (and CLASSMATE_MODEL), calls setup_gpus, starts or attaches the servers
-# it needs (use_judge, use_tinyv, use_darling_classifiers), then run_config NAME "$@", which launches
-#   python -m openrlhf_classmate.cli.train_ppo_ray --config configs/NAME.yaml <paths> <placement> <servers> "$@"
+# A run script sets MODEL / DATA / EVAL_DATA (and CLASSMATE_MODEL), calls setup_gpus, names the servers it needs
+# (use_judge, use_tinyv, use_darling_classifiers: a server given by URL is checked at once, one to start gets its URL
+# now and is started later), then run_config NAME "$@", which
+#   1. runs the launcher's preflight, `python -m openrlhf_classmate.cli.train_ppo_ray --check <the flags below>`
+#      (paths, datasets and labels, judge settings, tokenizers, option ranges; skip with PREFLIGHT=0),
+#   2. starts the servers and waits until they answer,
+#   3. launches python -m openrlhf_classmate.cli.train_ppo_ray --config configs/NAME.yaml <paths> <placement>
+#      <servers> "$@"
 # Later flags win, so anything passed to a run script overrides both the config and these defaults.
 #
 # Environment (all optional):
@@ -36,7 +41,9 @@
 #                         ray.init(address=RAY_ADDRESS); use auto or HEAD:6379 for that)
 #   JOB_PYTHON            python the Ray job runs (default: PYTHON; must exist on the head node)
 #   RAY_JOB_ENV_VARS      names of extra environment variables to forward to the Ray job (space separated)
-#   DRY_RUN               1: print the server and launcher commands (lines starting with "+ ") and run nothing
+#   DRY_RUN               1: run the preflight, then print the server and launcher commands (lines starting with
+#                         "+ ") and run nothing else
+#   PREFLIGHT             0: skip the launcher's --check before the servers start (default 1)
 
 TRAIN_SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$TRAIN_SCRIPTS_DIR/.." && pwd)"
@@ -50,6 +57,7 @@ PUBLISHED_WARMUP_MODEL="LorenaYannnnn/20260217-Qwen3-0.6B_grpo_warmup_16000_epis
 
 RUN_ARGS=()      # flags added by setup_gpus / use_* helpers, passed to the launcher before the script's arguments
 SERVER_PIDS=()   # process-group leaders of the servers this script started
+PENDING_SERVERS=()  # shell-quoted _start_and_wait calls, run by run_config after the preflight
 _TRAP_INSTALLED=0
 
 log() { printf '[train_scripts] %s\n' "$*" >&2; }
@@ -131,6 +139,15 @@ visible_gpus() {
 # detect_gpus: how many GPUs this node shows.
 detect_gpus() { visible_gpus | grep -c . || true; }
 
+# require_count NAME VALUE MIN: VALUE must be a whole number >= MIN (a clear error instead of bash arithmetic on text,
+# or a run on zero GPUs).
+require_count() {
+  local name=$1 value=$2 min=$3
+  if ! [[ "$value" =~ ^[0-9]+$ ]] || ((10#$value < min)); then
+    die "$name=$value: must be a whole number >= $min"
+  fi
+}
+
 # setup_gpus: sets GPUS_PER_NODE (training), NNODES, TOTAL_GPUS and, with SERVER_GPUS > 0, TRAIN_CUDA_DEVICES /
 # SERVER_CUDA_DEVICES; adds the placement flags (actor, ref, policy vLLM engines) to RUN_ARGS.
 setup_gpus() {
@@ -140,6 +157,10 @@ setup_gpus() {
   SERVER_GPUS="${SERVER_GPUS:-0}"
   NNODES="${NNODES:-1}"
   VLLM_TP="${VLLM_TP:-1}"
+  require_count SERVER_GPUS "$SERVER_GPUS" 0
+  require_count NNODES "$NNODES" 1
+  require_count VLLM_TP "$VLLM_TP" 1
+  if [[ -n "${GPUS_PER_NODE:-}" ]]; then require_count GPUS_PER_NODE "$GPUS_PER_NODE" 1; fi
   if [[ -z "${GPUS_PER_NODE:-}" ]]; then
     GPUS_PER_NODE=$((detected - SERVER_GPUS))
     if ((GPUS_PER_NODE < 1)); then
@@ -175,6 +196,7 @@ setup_gpus() {
 # use_classmate: adds the classmate model and one classmate engine per CLASSMATE_TP training GPUs to RUN_ARGS.
 use_classmate() {
   CLASSMATE_TP="${CLASSMATE_TP:-1}"
+  require_count CLASSMATE_TP "$CLASSMATE_TP" 1
   if ((TOTAL_GPUS % CLASSMATE_TP != 0)); then die "CLASSMATE_TP=$CLASSMATE_TP does not divide the $TOTAL_GPUS training GPUs"; fi
   local classmate
   classmate=$(model_path CLASSMATE_MODEL "${CLASSMATE_MODEL:-}") || exit 1
@@ -194,6 +216,9 @@ _server_host() {
     echo 127.0.0.1
   fi
 }
+
+# _server_url PORT: the OpenAI-style root of a server this script starts on PORT.
+_server_url() { echo "http://$(_server_host):$1/v1"; }
 
 _server_bind() {
   if [[ -n "${SERVER_BIND:-}" ]]; then echo "$SERVER_BIND"
@@ -304,7 +329,7 @@ start_vllm_server() {
   bin=$(_vllm_bin)
   logdir="${SERVER_LOG_DIR:-${OUTPUT_DIR:-$RUNS_DIR/${RUN_NAME:-run}}/logs}"
   logfile="$logdir/$name.log"
-  SERVER_URL="http://$(_server_host):$port/v1"
+  SERVER_URL=$(_server_url "$port")
   read -r -a cmd <<<"$bin"
   cmd+=(serve "$model" --host "$(_server_bind)" --port "$port" "$@")
   if is_dry_run; then
@@ -328,20 +353,41 @@ start_vllm_server() {
   SERVER_LOG="$logfile"
 }
 
+# queue_server NAME PORT DEVICES MODEL [vllm serve flags...]: start_vllm_server + wait_ready, deferred until
+# run_config has run the preflight (no server starts for a run that would be refused). Sets SERVER_URL now.
+queue_server() {
+  local call
+  printf -v call '%q ' _start_and_wait "$@"
+  PENDING_SERVERS+=("$call")
+  SERVER_URL=$(_server_url "$2")
+}
+
+_start_and_wait() {
+  local name=$1
+  start_vllm_server "$@"
+  is_dry_run || wait_ready "$name" "$SERVER_URL" "${SERVER_READY_TIMEOUT:-900}" "$SERVER_PID" "$SERVER_LOG" || exit 1
+}
+
+# start_pending_servers: start every queued server (in a dry run: print its command) and wait for each.
+start_pending_servers() {
+  local call
+  for call in "${PENDING_SERVERS[@]}"; do eval "$call"; done
+  PENDING_SERVERS=()
+}
+
 # use_or_start_server PREFIX NAME PORT DEVICES MODEL [vllm serve flags...]: when PREFIX_URL is set, check that the
-# server there answers; otherwise start one and wait for it. Sets PREFIX_URL.
+# server there answers; otherwise queue one (started after the preflight). Sets PREFIX_URL.
 use_or_start_server() {
   local prefix=$1 name=$2 port=$3 devices=$4 model=$5
   shift 5
-  local var="${prefix}_URL" timeout="${SERVER_READY_TIMEOUT:-900}"
+  local var="${prefix}_URL"
   if [[ -n "${!var:-}" ]]; then
     log "$name: using the running server $var=${!var}"
     is_dry_run || wait_ready "$name" "${!var}" "${SERVER_ATTACH_TIMEOUT:-60}" || exit 1
     return 0
   fi
-  start_vllm_server "$name" "$port" "$devices" "$model" "$@"
+  queue_server "$name" "$port" "$devices" "$model" "$@"
   printf -v "$var" '%s' "$SERVER_URL"
-  is_dry_run || wait_ready "$name" "$SERVER_URL" "$timeout" "$SERVER_PID" "$SERVER_LOG" || exit 1
 }
 
 # first_model_id BASE_URL: the first model id served at BASE_URL/models (an OpenAI-compatible server).
@@ -408,12 +454,11 @@ use_darling_classifiers() {
     for ((i = 0; i < n; i++)); do
       dev="${devices[$((i % ${#devices[@]}))]}"
       port=$((${DARLING_PORT:-8010} + i))
-      start_vllm_server "darling_classifier_$i" "$port" "$dev" "$DARLING_CLASSIFIER_MODEL" \
+      queue_server "darling_classifier_$i" "$port" "$dev" "$DARLING_CLASSIFIER_MODEL" \
         --runner pooling --served-model-name "similarity_gpu_$i" \
         --gpu-memory-utilization "${DARLING_GPU_MEM:-$(default_server_mem 0.15)}" \
         --max-model-len "${DARLING_MAX_MODEL_LEN:-4096}" ${DARLING_EXTRA_ARGS:-}
       urls+=("$SERVER_URL")
-      is_dry_run || wait_ready "darling classifier $i" "$SERVER_URL" "${SERVER_READY_TIMEOUT:-900}" "$SERVER_PID" "$SERVER_LOG" || exit 1
     done
   fi
   DARLING_CLASSIFIER_URLS=$(IFS=,; echo "${urls[*]}")
@@ -515,8 +560,21 @@ launch() {
   return "$status"
 }
 
-# run_config NAME [FLAGS...]: launch with configs/NAME.yaml, the paths (MODEL, DATA, EVAL_DATA, OUTPUT_DIR), RUN_ARGS,
-# then FLAGS. EVAL_DATA="" turns evaluation off.
+# preflight FLAGS...: the launcher's --check with FLAGS (before any server starts); exits on a refused run.
+preflight() {
+  if [[ "${PREFLIGHT:-1}" == 0 ]]; then
+    log "PREFLIGHT=0: skipping the launcher's --check"
+    return 0
+  fi
+  log "preflight: $PYTHON -m openrlhf_classmate.cli.train_ppo_ray --check ..."
+  # its report goes to stderr: stdout carries only the commands ("+ " lines of a dry run)
+  if ! "$PYTHON" -m openrlhf_classmate.cli.train_ppo_ray --check "$@" >&2; then
+    die "the launcher's preflight refused the run (the line above says why; PREFLIGHT=0 skips the check)"
+  fi
+}
+
+# run_config NAME [FLAGS...]: preflight, start the queued servers, then launch with configs/NAME.yaml, the paths
+# (MODEL, DATA, EVAL_DATA, OUTPUT_DIR), RUN_ARGS, then FLAGS. EVAL_DATA="" turns evaluation off.
 run_config() {
   local name=$1
   shift
@@ -528,6 +586,8 @@ run_config() {
   if [[ -n "${EVAL_DATA:-}" ]]; then eval_data=$(data_path EVAL_DATA "$EVAL_DATA") || exit 1; fi
   args=(--config "$config" --actor.model_name_or_path "$model" --data.prompt_dataset "$data" --eval.dataset "$eval_data")
   args+=(--ckpt.path "$out/ckpt" --ckpt.output_dir "$out/final" --logger.tensorboard_dir "$out/tensorboard")
+  preflight "${args[@]}" "${RUN_ARGS[@]}" "$@"
   is_dry_run || mkdir -p "$out"
+  start_pending_servers
   launch "${args[@]}" "${RUN_ARGS[@]}" "$@"
 }

@@ -170,11 +170,12 @@ def cot_mask(
 
 
 def think_token_ids(tokenizer, think_open: str = "<think>", think_close: str = "</think>") -> tuple[int, int]:
-    """Ids of the think tags in ``tokenizer``; each tag must encode to exactly one token."""
+    """Ids of the think tags in ``tokenizer``; each tag must encode to exactly one token (not the unknown token)."""
     ids = []
     for tag in (think_open, think_close):
         encoded = tokenizer.encode(tag, add_special_tokens=False)
-        if len(encoded) != 1:
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if len(encoded) != 1 or (unk is not None and encoded[0] == unk):  # unknown text maps to <unk>: not the tag
             name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
             raise ValueError(
                 f"think tag {tag!r} must encode to exactly one token with tokenizer {name!r}, got ids {encoded}"

@@ -118,6 +118,13 @@ def resolve_tag(root: str, tag: str | None) -> str:
             tag = f.read().strip()
     if not glob.glob(os.path.join(root, tag, "*model_states.pt")):
         raise ConversionError(f"checkpoint tag {tag!r} not found in {root} (available tags: {listing})")
+    from openrlhf_classmate.integration.checkpoints import inspect_tag
+
+    problem = inspect_tag(os.path.join(root, tag))
+    if problem:
+        others = [t for t in available if t != tag and inspect_tag(os.path.join(root, t)) is None]
+        hint = f"; complete tags: {', '.join(others)} (--tag)" if others else ""
+        raise ConversionError(f"checkpoint tag {tag!r} is incomplete: {problem}{hint}")
     return tag
 
 
@@ -152,7 +159,11 @@ def load_fp32_state_dict(root: str, tag: str) -> dict:
     """DeepSpeed's zero_to_fp32 reconstruction of the fp32 weights (any ZeRO stage)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    return get_fp32_state_dict_from_zero_checkpoint(root, tag=tag)
+    try:
+        return get_fp32_state_dict_from_zero_checkpoint(root, tag=tag)
+    except Exception as e:  # noqa: BLE001  (torch.load / pickle / DeepSpeed raise many types on bad files)
+        raise ConversionError(f"cannot rebuild the weights of {os.path.join(root, tag)} with DeepSpeed's zero_to_fp32 "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})") from None
 
 
 def _dtype(name: str):
@@ -174,13 +185,27 @@ def _strip_prefix(state_dict: dict, expected: set[str]) -> dict:
     return {k[len(best):] if k.startswith(best) else k: v for k, v in state_dict.items()}
 
 
+def _check_base_config(base_model: str) -> None:
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(base_model, trust_remote_code=True)
+    except Exception as e:  # noqa: BLE001  (a broken config.json, an unknown architecture, a hub id offline)
+        raise ConversionError(f"base model {base_model}: cannot build a model from its config ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:300] if str(e) else ''})") from None
+
+
 def build_model(base_model: str, state_dict: dict):
     """A float32 model with the base model's architecture and the checkpoint's weights (strict, ties allowed)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(base_model, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_config(config, trust_remote_code=True, dtype=torch.float32)
+    try:
+        config = AutoConfig.from_pretrained(base_model, trust_remote_code=True)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=True, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001  (a broken config.json, an unknown architecture, a hub id offline)
+        raise ConversionError(f"base model {base_model}: cannot build a model from its config ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:300] if str(e) else ''})") from None
     expected = set(model.state_dict())
     state_dict = _strip_prefix(state_dict, expected)
     unexpected = sorted(set(state_dict) - expected)
@@ -255,11 +280,20 @@ def convert(
     if dtype not in DTYPES:
         raise ConversionError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConversionError(f"OUT_DIR {out_dir} is a file, not a model directory")
     if os.path.exists(out_dir) and not overwrite:
         raise ConversionError(f"{out_dir} exists; pass --overwrite to replace it")
+    parent = os.path.dirname(out_dir)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConversionError(f"OUT_DIR {out_dir} cannot be created: {parent} is "
+                              f"{'a file' if not os.path.isdir(parent) else 'not writable'}")
     root = find_checkpoint_root(ckpt_dir)
     tag = resolve_tag(root, tag)
     base = find_base_model(root, tag, base_model)
+    _check_base_config(base)  # before the (long) weight reconstruction
     report = ConversionReport(checkpoint=root, tag=tag, base_model=base, output_dir=out_dir, dtype=dtype)
     log(f"converting {root} tag {tag} (base model {base}) -> {out_dir} [{dtype}]")
 
@@ -270,7 +304,11 @@ def convert(
     report.num_parameters = sum(p.numel() for p in model.parameters())
     ids = logits_fp32 = None
     if verify:
-        ids = _verify_ids(base)
+        try:
+            ids = _verify_ids(base)
+        except Exception as e:  # noqa: BLE001  (no tokenizer files, a broken tokenizer.json, ...)
+            raise ConversionError(f"base model {base}: cannot load its tokenizer ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:300] if str(e) else ''})") from None
         logits_fp32 = _logits(model, ids)  # the checkpoint's fp32 master weights, before any rounding
 
     parent = os.path.dirname(out_dir)

@@ -54,6 +54,8 @@ class EvaluationError(ValueError):
 class Row:
     messages: list[dict]
     label: dict
+    location: str = ""
+    """``path:line`` of the row, for messages."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,35 +118,38 @@ def log(message: str) -> None:
 
 
 def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> list[Row]:
+    """The rows of ``--data`` (.jsonl, .json or .parquet); problems name the file, line and field."""
+    from openrlhf_classmate.data.errors import DataError
+    from openrlhf_classmate.data.io import iter_file_rows
     from openrlhf_classmate.scoring import LabelError, parse_label
 
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise EvaluationError(f"--data {path} does not exist")
+    if not os.path.isfile(path):
+        raise EvaluationError(f"--data {path} is not a file (give the test .jsonl)")
     rows: list[Row] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    try:
+        for location, row in iter_file_rows(path):
             if limit is not None and len(rows) >= limit:
                 break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvaluationError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            prompt = row.get(input_key) if isinstance(row, dict) else None
+            prompt = row.get(input_key)
             if isinstance(prompt, str):
                 messages = [{"role": "user", "content": prompt}]
             elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
                 messages = prompt
             else:
-                raise EvaluationError(f"{path}:{lineno}: field {input_key!r} must be chat messages or a string")
+                raise EvaluationError(f"{location}: field {input_key!r} must be chat messages or a string "
+                                      f"(--input-key {input_key})")
             if label_key not in row:
-                raise EvaluationError(f"{path}:{lineno}: field {label_key!r} missing (scoring needs the label)")
+                raise EvaluationError(f"{location}: field {label_key!r} missing (scoring needs the label; "
+                                      f"--label-key {label_key})")
             try:
                 label = parse_label(row[label_key])
             except LabelError as e:
-                raise EvaluationError(f"{path}:{lineno}: {e}") from None
-            rows.append(Row(messages=messages, label=label))
+                raise EvaluationError(f"{location}: {e}") from None
+            rows.append(Row(messages=messages, label=label, location=location))
+    except DataError as e:
+        raise EvaluationError(f"--data {e}") from None
     if not rows:
         raise EvaluationError(f"--data {path} has no rows")
     return rows
@@ -192,6 +197,9 @@ def _judge_config(args):
         return None
     from openrlhf_classmate.scoring import JudgeConfig
 
+    if not args.judge_base_url.startswith(("http://", "https://")):
+        raise EvaluationError(f"--judge-base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, got "
+                              f"{args.judge_base_url!r}")
     model = args.judge_model
     if not model:
         import urllib.request
@@ -206,8 +214,68 @@ def _judge_config(args):
                        max_concurrency=args.judge_max_concurrency, timeout_s=args.judge_timeout)
 
 
+# (flag, smallest allowed value, largest allowed value or None, smallest excluded)
+_RANGES = (
+    ("samples", 1, None, False), ("max_new_tokens", 1, None, False), ("batch_size", 1, None, False),
+    ("temperature", 0, 2, False), ("top_p", 0, 1, True), ("top_k", -1, None, False),
+    ("tensor_parallel_size", 1, None, False), ("gpu_memory_utilization", 0, 1, True),
+    ("classmate_max_new_tokens", 1, None, False), ("classmate_temperature", 0, 2, False),
+    ("judge_max_concurrency", 1, None, False), ("judge_timeout", 0, None, True), ("limit", 1, None, False),
+    ("max_model_len", 1, None, False), ("classmate_max_context", 2, None, False),
+)
+
+
+def _check_ranges(args) -> None:
+    import math
+
+    for name, lo, hi, lo_open in _RANGES:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        bad = not math.isfinite(value) or (value <= lo if lo_open else value < lo) or (hi is not None and value > hi)
+        if bad:
+            bounds = f"in {'(' if lo_open else '['}{lo}, {hi}]" if hi is not None else f"{'>' if lo_open else '>='} {lo}"
+            raise EvaluationError(f"--{name.replace('_', '-')} must be {bounds}, got {value}")
+
+
+def _check_paths(args) -> None:
+    """The model folders exist (or look like hub ids) and the output directory can be written."""
+    from openrlhf_classmate.integration.preflight import looks_local
+
+    for flag, path in (("--model", args.model), ("--classmate", args.classmate)):
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                raise EvaluationError(f"{flag} {path}: the folder has no config.json (not a Hugging Face model folder)")
+        elif os.path.exists(path):
+            raise EvaluationError(f"{flag} {path} is a file, not a model folder")
+        elif looks_local(path):
+            raise EvaluationError(f"{flag} {path} does not exist (and is not a hub id ORG/NAME)")
+    out = os.path.abspath(args.output_dir)
+    parent = out
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        what = "is a file" if parent == out else f"cannot be created: {parent} is a file"
+        raise EvaluationError(f"--output-dir {args.output_dir} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise EvaluationError(f"--output-dir {args.output_dir} is not writable")
+
+
+def _load_tokenizer(flag: str, path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    except Exception as e:  # noqa: BLE001  (transformers raises OSError, ValueError, ... for unusable folders)
+        raise EvaluationError(f"{flag} {path}: cannot load its tokenizer ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]})") from None
+
+
 def _check_args(args, rows: list[Row]) -> None:
-    from openrlhf_classmate.scoring import LabelError, monitor_is_binary, resolve_data_source
+    from openrlhf_classmate.scoring import LabelError, get_scorer, monitor_is_binary, resolve_data_source
+    from openrlhf_classmate.scoring.sycophancy import JudgeNotConfiguredError
 
     if args.no_think and (args.classmate or args.monitor):
         raise EvaluationError("--no-think: there is no CoT for --classmate or --monitor")
@@ -222,14 +290,26 @@ def _check_args(args, rows: list[Row]) -> None:
     if args.samples > 1 and is_greedy(args.temperature):
         log(f"note: greedy decoding: the {args.samples} samples per prompt are identical (generated once); "
             "set --temperature > 0 to sample")
-    for i, row in enumerate(rows):
+    checked: set[str] = set()
+    for row in rows:
         source = args.scorer if args.scorer != "auto" else row.label.get("data_source")
         try:
-            resolve_data_source(source)
+            name = resolve_data_source(source)
+            get_scorer(name).check_label(row.label)
             if args.monitor:
                 monitor_is_binary(source)
         except LabelError as e:
-            raise EvaluationError(f"row {i}: {e}") from None
+            hint = " (--scorer)" if args.scorer != "auto" else ""
+            raise EvaluationError(f"{row.location}: {e}{hint}") from None
+        if name in checked:
+            continue
+        checked.add(name)
+        try:
+            getattr(get_scorer(name), "check_config", lambda: None)()
+        except JudgeNotConfiguredError:
+            if not args.judge_base_url:
+                raise EvaluationError(f"{row.location}: scorer {name!r} rates answers with an LLM judge: pass "
+                                      "--judge-base-url (and --judge-model)") from None
 
 
 def _check_sampling(prefix: str, n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> None:
@@ -267,7 +347,6 @@ def _generator(args, factory: Callable, model: str, max_model_len: int | None = 
 
 def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     """Evaluate as the module docstring says; returns the summary (also written to ``summary.json``)."""
-    from transformers import AutoTokenizer
 
     from openrlhf_classmate.algo.response_split import load_stop_token_ids
     from openrlhf_classmate.algo.spans import think_token_ids
@@ -275,6 +354,8 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     from openrlhf_classmate.scoring import score_responses
 
     started = time.time()
+    _check_ranges(args)
+    _check_paths(args)
     rows = read_rows(args.data, args.input_key, args.label_key, args.limit)
     _check_args(args, rows)
     judge = _judge_config(args)
@@ -282,8 +363,12 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
         template_kwargs = json.loads(args.chat_template_kwargs)
     except json.JSONDecodeError as e:
         raise EvaluationError(f"--chat-template-kwargs is not JSON ({e.msg})") from None
+    if not isinstance(template_kwargs, dict):
+        raise EvaluationError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": true}'")
+    tokenizer = _load_tokenizer("--model", args.model)
+    if args.classmate:
+        _load_tokenizer("--classmate", args.classmate)
     os.makedirs(args.output_dir, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)
     open_id = close_id = None
     if not args.no_think:
         try:
@@ -377,12 +462,12 @@ def _finite(value):
 
 
 def _run_classmate(args, generator_factory, main_tokenizer, rows, records, splits, labels, judge) -> None:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from openrlhf_classmate.algo.classmate_prompt import build_classmate_inputs
     from openrlhf_classmate.scoring import score_responses
 
-    tokenizer = AutoTokenizer.from_pretrained(args.classmate, trust_remote_code=True)
+    tokenizer = _load_tokenizer("--classmate", args.classmate)
     max_context = args.classmate_max_context
     if max_context is None:
         config = AutoConfig.from_pretrained(args.classmate, trust_remote_code=True)

@@ -1,12 +1,14 @@
 """``python -m openrlhf_classmate.cli.train_ppo_ray``: OpenRLHF's ``train_ppo_ray`` plus classmate training.
 
-Accepts every flag of ``openrlhf.cli.train_ppo_ray`` 0.11.2 unchanged, plus ``--classmate.*``, ``--engine.*`` and
-``--config FILE.yaml``. It rebinds the few upstream names listed in :mod:`openrlhf_classmate.integration.patches`
+Accepts every flag of ``openrlhf.cli.train_ppo_ray`` 0.11.2 unchanged, plus ``--classmate.*``, ``--engine.*``,
+``--config FILE.yaml`` and ``--check`` (parse and preflight only: :mod:`openrlhf_classmate.integration.preflight`,
+which also runs before every launch). It rebinds the few upstream names listed in :mod:`openrlhf_classmate.integration.patches`
 and then calls upstream's own ``train(args)``: without ``--classmate.model_name_or_path`` the run is upstream's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -52,9 +54,7 @@ def reward_env(args) -> dict[str, str]:
     }
     judge = judge_config_from_args(args)
     if judge is not None:
-        env["OPENRLHF_CLASSMATE_JUDGE"] = json.dumps(
-            {"base_url": judge.base_url, "model": judge.model, "api_key_env": judge.api_key_env}
-        )
+        env["OPENRLHF_CLASSMATE_JUDGE"] = json.dumps(dataclasses.asdict(judge))
     from openrlhf_classmate.integration.reward_methods import reward_method_env
 
     env.update(reward_method_env(args))  # TinyV's verifier and the declared per-sample scorer metrics
@@ -241,6 +241,9 @@ def check_scorer_environment() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Parse, run the preflight (``--check`` stops there), then train. Bad input ends in one line ``error: ...``."""
+    from openrlhf_classmate.integration.preflight import PreflightError, preflight
+
     try:
         args = parse_args(argv)
         check_scorer_environment()
@@ -251,6 +254,17 @@ def main(argv: list[str] | None = None) -> None:
             patches.check_upstream()
         except patches.UpstreamChangedError as e:
             raise SystemExit(f"error: {e} (set OPENRLHF_CLASSMATE_ALLOW_UPSTREAM_CHANGES=1 to run anyway)") from None
+    try:
+        report = preflight(args)
+    except PreflightError as e:
+        raise SystemExit(f"error: {e}") from None
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    if args.check:
+        for line in report.lines:
+            print(f"  {line}")
+        print("check passed: the run would start")
+        return
     try:
         run(args)
     except Exception as e:  # noqa: BLE001 - only our own stop is turned into one line; anything else re-raises

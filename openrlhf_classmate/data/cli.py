@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from openrlhf_classmate.data.errors import DataError
-from openrlhf_classmate.data.io import Located, atomic_outputs, expand_input, load_rows
+from openrlhf_classmate.data.io import Located, atomic_outputs, check_output_dir, expand_input, load_rows
 
 # Words that name a split in hub snapshot file names (e.g. ``all/test-00000-of-00001.parquet``).
 _SPLIT_WORDS = {"train", "test", "validation", "val", "dev", "eval"}
@@ -212,6 +212,7 @@ def run_script(
     if args.max_rows is not None and args.max_rows < 1:
         parser.error("--max-rows must be at least 1")
     try:
+        check_output_dir(args.output_dir)
         splits = build(args, summary)
         write_outputs(args.output_dir, splits, summary)
     except DataError as exc:

@@ -154,6 +154,20 @@ def load_rows(
     yield from _iter_hub(hub_name, hub_config, hub_split)
 
 
+def check_output_dir(output_dir: str) -> None:
+    """DataError unless ``output_dir`` is a writable directory or can be created (checked before any work)."""
+    target = os.path.abspath(output_dir)
+    parent = target
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        problem = "is a file, not a directory" if parent == target else f"cannot be created: {parent} is a file"
+        raise DataError(f"output directory {problem}", location=output_dir)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DataError(f"output directory {'is' if parent == target else 'cannot be created: ' + parent + ' is'} "
+                        "not writable", location=output_dir)
+
+
 class AtomicWriter:
     """Writes each output to a hidden temp file next to its target; ``commit`` renames them all into place.
 

@@ -53,6 +53,7 @@ def launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: 
         "--actor.adam.lr", str(cfg.lr), "--actor.lr_warmup_ratio", "0",
         "--ckpt.path", os.path.join(run_dir, "ckpt"), "--ckpt.output_dir", os.path.join(run_dir, "final"),
         "--ckpt.save_steps", str(cfg.save_every), "--ckpt.save_hf", "--ckpt.disable_ds",
+        "--ckpt.max_num", str(cfg.steps // cfg.save_every + 1),  # keep every HF checkpoint (they rotate with it)
         "--logger.tensorboard_dir", os.path.join(run_dir, "tensorboard"),
     ]
     if classmate:

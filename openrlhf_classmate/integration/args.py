@@ -8,7 +8,11 @@ its checks) minus the final ``train(args)`` call. So every upstream flag, defaul
 
 ``--config FILE.yaml`` holds nested keys (``actor: {adam: {lr: 1e-6}}``) that map to the dotted flags
 (``--actor.adam.lr``). The file is turned into command-line tokens placed *before* the real command line, so
-explicit flags win and every value goes through argparse's own type conversion and ``choices`` checks.
+explicit flags win and every value goes through argparse's own type conversion and ``choices`` checks. Unknown or
+duplicate keys, YAML syntax errors and non-UTF-8 files are refused with the file and line.
+
+Every problem ends in one line ``error: ...``: argparse's usage errors (without the few-hundred-flag usage text,
+naming the config file when the value came from it) and upstream's ``assert`` checks included.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import ast
 import hashlib
 import inspect
+import re
 import sys
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -94,10 +99,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="YAML file whose nested keys map to the dotted flags; explicit command-line flags override it",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        default=False,
+        help="parse the flags and run the preflight (paths, datasets, labels, judge, tokenizers, ranges), print "
+        "what was checked and exit without starting Ray: 0 when the run would start",
+    )
     add_classmate_arguments(parser)
     add_reward_method_arguments(parser)
     add_vrcli_arguments(parser)
+    parser.error = _one_line_error  # type: ignore[method-assign]
     return parser
+
+
+def _one_line_error(message: str, config: str | None = None, config_flags: frozenset[str] = frozenset()) -> None:
+    """argparse's usage error as one line (its usage text lists hundreds of flags), naming the config file when the
+    offending value came from it."""
+    m = re.match(r"argument (--[\w.]+)", message)
+    if m and config and m.group(1) in config_flags:
+        message += f" (set in --config {config})"
+    sys.stderr.write(f"error: {message}\n")
+    raise SystemExit(2)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -111,17 +134,50 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
-    """Turn a YAML config into command-line tokens, checking every key against the parser."""
+def load_yaml(path: str, what: str = "--config") -> Any:
+    """A YAML file's content; ConfigError naming the file and line for unreadable, non-UTF-8 or invalid YAML and
+    for a key given twice in one mapping (PyYAML would silently keep the last)."""
     import yaml
 
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"{what} {path}:{line}: duplicate key '{key}' (first at line {seen[key]}); "
+                                  "keep one")
+            seen[key] = line
+        return loader.construct_mapping(node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
-        with open(path, encoding="utf-8") as f:
-            tree = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path}: is a directory, not a YAML file") from None
     except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror})") from e
+        raise ConfigError(f"{what} {path}: cannot read the file ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{what} {path}:{line}: not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506  (SafeLoader subclass)
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: not valid YAML: {e}") from e
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        problem = " ".join(str(getattr(e, "problem", "") or e).split())
+        raise ConfigError(f"{what} {where}: not valid YAML ({problem})") from None
+
+
+def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Turn a YAML config into command-line tokens, checking every key against the parser."""
+    tree = load_yaml(path)
     if tree is None:
         return []
     if not isinstance(tree, dict):
@@ -130,7 +186,7 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
     argv: list[str] = []
     for key, value in _flatten(tree).items():
         action = actions.get(key)
-        if action is None or key == "config":
+        if action is None or key in ("config", "check"):
             close = [d for d in actions if d.split(".")[-1] == key.split(".")[-1]][:3]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"--config {path}: unknown key '{key}'{hint}")
@@ -147,9 +203,25 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
             if action.nargs in (None, 0):
                 raise ConfigError(f"--config {path}: '{key}' takes one value, got a list")
             argv += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            raise ConfigError(f"--config {path}: '{key}' is a value, got a mapping")
         else:
             argv += [flag, str(value)]
     return argv
+
+
+def upstream_check_message(message: str, args) -> str:
+    """Upstream's ``assert`` messages use its pre-0.11 flag names; name ours (and the fix) where we know them."""
+    estimator = getattr(args, "algo.advantage.estimator", None)
+    if "requires n_samples_per_prompt > 1" in message:
+        return (f"--algo.advantage.estimator {estimator} normalises over the samples of each prompt: set "
+                "--rollout.n_samples_per_prompt >= 2 (or use --algo.advantage.estimator reinforce)")
+    if "number of sample batches must be greater" in message:
+        return ("--rollout.n_samples_per_prompt x --rollout.batch_size / --rollout.micro_batch_size must be at least "
+                "the number of actor processes (--actor.num_nodes x --actor.num_gpus_per_node)")
+    if "eval_dataset" in message and "requires" in message:
+        return "--eval.dataset needs a reward: --reward.remote_url or --train.agent_func_path"
+    return f"OpenRLHF's checks refused the flags: {message or 'assertion failed'}"
 
 
 def _config_path(argv: Sequence[str]) -> str | None:
@@ -165,7 +237,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     parser = build_parser()
     config = _config_path(argv)
     if config:
-        argv = config_to_argv(config, parser) + argv
+        from_config = config_to_argv(config, parser)
+        flags = frozenset(t for t in from_config if t.startswith("--")) - frozenset(argv)
+        parser.error = lambda message: _one_line_error(message, config, flags)  # type: ignore[method-assign]
+        argv = from_config + argv
     flat = parser.parse_args(argv)
     if not any(getattr(flat, key) for key in ("reward.remote_url", "reward.model_name_or_path", "train.agent_func_path")):
         # no reward model or function given: score answers with the scorer registry (the label's data_source)
@@ -181,7 +256,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     _, post, _ = _upstream_main_block()
     namespace = _upstream_namespace()
     namespace.update(args=flat, parser=parser)
-    _exec(post, namespace)
+    try:
+        _exec(post, namespace)
+    except AssertionError as e:
+        raise ConfigError(upstream_check_message(str(e), flat)) from None
     args = namespace["args"]
     validate_classmate_args(args)
     validate_reward_method_args(args)

@@ -143,6 +143,15 @@ class ClassmateConfig:
     )
     judge_model: str | None = field(default=None, metadata={"help": "Judge model name"})
     judge_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Env var holding the judge API key"})
+    judge_timeout_s: float = field(
+        default=60.0, metadata={"help": "Seconds one judge request may take (connect + answer); a timed-out request "
+                                        "is not retried and its score is invalid (masked). > 0; default 60"})
+    judge_max_retries: int = field(
+        default=3, metadata={"help": "Retries of a judge request after a connection error, HTTP 5xx or 429 "
+                                     "(exponential backoff from 0.5 s); then its score is invalid. >= 0; default 3"})
+    judge_max_concurrency: int = field(
+        default=32, metadata={"help": "Judge requests in flight at once, per process (each rollout engine scoring "
+                                      "main answers, and the controller scoring classmate answers). >= 1; default 32"})
 
 
 @dataclass

@@ -119,6 +119,8 @@ class ClassmateStage:
         self.vanilla = self.cfg.loss == "vanilla_classmate"
         self.score = scorer if scorer is not None else registry_scorer()
         self._next_engine = [0] * len(engines)
+        self.last_scores: tuple[list, list[bool]] = ([], [])
+        """(score results of the classmate answers, per-sample validity) of the last ``gather``, for judge health"""
 
     # ── spans ──
 
@@ -254,6 +256,7 @@ class ClassmateStage:
             reasons["main_score_invalid"] += lost * k_models * s_samples  # in requests, like the other reasons
             sample_valid = sample_valid & main_valid.bool()
             reward = torch.where(sample_valid, reward, 0.0)
+        self.last_scores = (list(results), sample_valid.tolist())
 
         log_probs = None
         if self.vanilla:

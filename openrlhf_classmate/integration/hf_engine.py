@@ -101,6 +101,8 @@ class HFEngine:
         from openrlhf.utils.agent import SingleTurnAgentExecutor
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if max_batch < 1:  # 0 would never take a request off the queue: every generate call would wait forever
+            raise ValueError(f"max_batch (--engine.hf_max_batch) must be >= 1, got {max_batch}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, trust_remote_code=True).to(self.device)

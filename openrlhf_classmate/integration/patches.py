@@ -16,6 +16,8 @@ upstream name                                    rebound to / why
 ``ppo_trainer_async.PPOTrainerAsync``            the same factory (``--train.async_enable``): ``ClassmatePPOTrainerAsync``
 ``ppo_trainer_async.GenerateSamplesActor`` and   inside ``ClassmatePPOTrainerAsync``'s process only: our rollout actor
 ``ppo_trainer_async.TrainingActor``              (dispatches the classmate requests) and training actor (our maker)
+``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
+                                                 ``*_hf`` folders rotate with ``--ckpt.max_num``)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
 ===============================================  ==========================================================
 
@@ -48,6 +50,7 @@ UPSTREAM_SHA256 = {
     "models/loss.py": "a6dd82c27e8b1711c6a33b6acd0319be25df9f9d54e2326b950d8f2131060860",
     "utils/agent.py": "bfe2cfefc53c664c1e66e3a60ab7683be8c4fc87064b1169275c339bf9d47331",
     "utils/deepspeed/deepspeed.py": "d43196e47227157d584e34a84a0471f9620b418add0365e8efb2ef24a6467f53",
+    "utils/utils.py": "5a5e651101f207b66f9e42a4982d1d492a555ec8aa49db98f6fe12d901a690d2",
 }
 
 EXPERIENCE_MODULES = (
@@ -201,7 +204,9 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
-    for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train"):
+    from openrlhf_classmate.integration.strategy import get_strategy
+
+    for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train", "get_strategy"):
         if not hasattr(cli, name):
             raise UpstreamChangedError(f"openrlhf.cli.train_ppo_ray.{name} is gone")
     real_pg = cli.placement_group
@@ -217,6 +222,7 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     cli.PolicyModelActor = policy_actor_cls
     if not hasattr(ppo_trainer_async, "PPOTrainerAsync"):
         raise UpstreamChangedError("openrlhf.trainer.ppo_trainer_async.PPOTrainerAsync is gone")
+    cli.get_strategy = get_strategy
     ppo_trainer.PPOTrainer = trainer_factory
     ppo_trainer_async.PPOTrainerAsync = trainer_factory  # train() imports it at call time under async_enable
 

@@ -34,12 +34,15 @@ class TrainingStopped(RuntimeError):
 
 
 def judge_config_from_args(args):
+    """The judge of both reward streams (``--classmate.judge_*``), or None without ``--classmate.judge_base_url``."""
     cfg = args.classmate
     if not cfg.judge_base_url:
         return None
     from openrlhf_classmate.scoring import JudgeConfig
 
-    return JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model or "", api_key_env=cfg.judge_api_key_env)
+    return JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model or "", api_key_env=cfg.judge_api_key_env,
+                       timeout_s=cfg.judge_timeout_s, max_retries=cfg.judge_max_retries,
+                       max_concurrency=cfg.judge_max_concurrency)
 
 
 def classmate_tokenizers(args) -> list:
@@ -65,13 +68,18 @@ class ClassmateControllerMixin(BasePPOTrainer):
         args = self.strategy.args
         self.classmate_engines = classmate_engines or []  # [K][engines]; never part of self.vllm_engines
         stage = None
+        self.judge_client = None  # scores the classmate answers; its replies feed the step's judge metrics
         if self.classmate_engines:
             from openrlhf_classmate.integration.classmate_scoring import build_classmate_scorer
             from openrlhf_classmate.integration.classmate_stage import ClassmateStage
+            from openrlhf_classmate.scoring import JudgeClient
 
-            scorer = build_classmate_scorer(args, judge_config_from_args(args))
+            judge = judge_config_from_args(args)
+            self.judge_client = JudgeClient(judge) if judge is not None else None
+            scorer = build_classmate_scorer(args, self.judge_client)
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, classmate_tokenizers(args),
                                    scorer=scorer)
+        self.classmate_stage = stage
         from openrlhf_classmate.integration.reward_methods import build_reward_hooks, evaluate_with_validation_rewards
 
         if hasattr(self, "samples_generator"):  # sync; in async runs the rollout actor evaluates
@@ -91,13 +99,18 @@ class ClassmateControllerMixin(BasePPOTrainer):
         )
 
     def train_step(self, rollout_samples, global_step: int):
-        """Upstream's step, except that a batch with no valid main score is skipped (one warning line), and a run
+        """Upstream's step, plus the step's judge health (``judge/*`` and the valid fractions; a warning line when a
+        judge request or a score failed). A batch with no valid main score is skipped (one warning line), and a run
         whose every step so far had none stops after ``--classmate.stop_after_invalid_steps`` of them."""
         from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
+        from openrlhf_classmate.integration.step_health import main_tally, require_judge, step_report
 
+        require_judge(rollout_samples, self.args, judge_config_from_args(self.args))
+        main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
         try:
             status, next_step = super().train_step(rollout_samples, global_step)
         except AllScoresInvalidError as e:
+            metrics, _ = step_report(main, getattr(self, "classmate_stage", None), self.judge_client)
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
@@ -106,9 +119,13 @@ class ClassmateControllerMixin(BasePPOTrainer):
                     "(judge or verifier down or misconfigured? see the reward function's log lines); "
                     "stopping (--classmate.stop_after_invalid_steps)") from None
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
-            return {"skipped_invalid_step": 1.0}, global_step + 1
+            return {**metrics, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
         status["skipped_invalid_step"] = 0.0
+        metrics, warning = step_report(main, getattr(self, "classmate_stage", None), self.judge_client)
+        status.update(metrics)
+        if warning:
+            logger.warning(f"step {next_step}: {warning}")
         return status, next_step
 
     def _compute_rollout_stats(self, experiences):

@@ -128,6 +128,13 @@ class JudgeClient:
     def __init__(self, config: JudgeConfig):
         self.config = config
         self.stats = JudgeStats()
+        self._log: list[JudgeReply] = []
+
+    def take_replies(self) -> list[JudgeReply]:
+        """Every reply since the previous call (all batches, in order), then forget them: per-step judge health
+        (requests, failures, retries, latency percentiles, first failure) is computed from these."""
+        replies, self._log = self._log, []
+        return replies
 
     async def chat(self, prompts: Sequence[str]) -> list[JudgeReply]:
         """Send each prompt as one user message; one reply per prompt, in order. Never raises for a failed request."""
@@ -141,6 +148,7 @@ class JudgeClient:
         connector = aiohttp.TCPConnector(limit=cfg.max_concurrency)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as s:
             replies = await asyncio.gather(*(self._one(s, semaphore, p) for p in prompts))
+        self._log.extend(replies)
         latencies = [r.latency_s for r in replies]
         self.stats = JudgeStats(
             calls=len(replies),

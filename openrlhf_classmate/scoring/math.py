@@ -23,6 +23,10 @@ _FRAC_RE = re.compile(r"(-?)\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]
 _SLASH_RE = re.compile(r"(-?[\d.,]+)\s*/\s*(-?[\d.,]+)")
 # LaTeX digit-group separators between digits: 1\,234 and 1{,}234.
 _LATEX_GROUP_RE = re.compile(r"(?<=\d)(?:\\,|\{,\}|\\!|\\ )(?=\d{3})")
+# Limits on what reaches math-verify. A \frac nested 200 deep parses as *equal* to \frac{1}{2} (a reward hack) and
+# 50 deep runs for minutes; real final answers stay far below both limits.
+MAX_BRACE_DEPTH = 12
+MAX_BOXED_CHARS = 1000
 
 
 def last_boxed(text: str) -> str | None:
@@ -125,6 +129,29 @@ class Gsm8kScorer(BaseScorer):
         return ScoreResult(score=1.0 if correct else 0.0, extracted=text, explanation=f"answer from {source}")
 
 
+def brace_depth(text: str) -> int:
+    """Deepest ``{`` nesting in ``text`` (unbalanced closing braces are ignored)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch == "{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == "}" and depth:
+            depth -= 1
+    return deepest
+
+
+def implausible_answer(text: str) -> str | None:
+    """Why ``text`` (a final box or answer) is refused before verification, or None."""
+    depth = brace_depth(text)
+    if depth > MAX_BRACE_DEPTH:
+        return f"answer rejected: braces nested {depth} deep (limit {MAX_BRACE_DEPTH})"
+    boxed = last_boxed(text)
+    if boxed is not None and len(boxed) > MAX_BOXED_CHARS:
+        return f"answer rejected: boxed answer of {len(boxed)} characters (limit {MAX_BOXED_CHARS})"
+    return None
+
+
 def _final_box_or_text(response: str) -> str:
     # math-verify reads every box and would turn "\\boxed{3} ... corrected: \\boxed{4}" into the set {3, 4}, which
     # equals neither answer; the last box is the model's final answer, as for gsm8k.
@@ -136,7 +163,8 @@ class MathVerifyScorer(BaseScorer):
     """MATH-style answers: math-verify parses the response and the ground truth and checks equivalence
     (fractions vs decimals, intervals, sets, symbolic forms), in worker processes with a per-item time limit.
     When the response has a ``\\boxed{}``, only the last box is verified. Score 1.0 / 0.0; a timeout or an
-    unparseable ground truth is ``valid=False``.
+    unparseable ground truth is ``valid=False``. An answer nested deeper than ``MAX_BRACE_DEPTH`` braces or with a
+    box longer than ``MAX_BOXED_CHARS`` is a valid 0 without verification (math-verify misjudges such input).
 
     Label: ``ground_truth``, the bare answer (e.g. ``\\frac{1}{2}`` or ``[1,3)``), as stored by the reference
     (``math_verify.parse(solution)[-1]``).
@@ -152,9 +180,15 @@ class MathVerifyScorer(BaseScorer):
     async def _ascore_answers(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[ScoreResult]:
         pool = self._pool or get_math_pool()
         pairs = [(str(label["ground_truth"]).strip(), _final_box_or_text(response)) for response, label in items]
-        outcomes = await asyncio.to_thread(pool.verify, pairs)
+        refused = [implausible_answer(answer) for _, answer in pairs]
+        todo = [pair for pair, why in zip(pairs, refused) if why is None]
+        verified = iter(await asyncio.to_thread(pool.verify, todo) if todo else [])
         results = []
-        for outcome in outcomes:
+        for why in refused:
+            if why is not None:
+                results.append(ScoreResult(score=0.0, explanation=why))
+                continue
+            outcome = next(verified)
             if outcome.error is not None:
                 results.append(ScoreResult.invalid(outcome.error, extracted=outcome.extracted))
             elif outcome.extracted is None:

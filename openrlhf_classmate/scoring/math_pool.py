@@ -18,6 +18,7 @@ import atexit
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -124,6 +125,26 @@ def _worker_main(conn: Connection) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Parent side
+
+
+def main_guard_hint(start_method: str) -> str:
+    """Why a worker that died while starting most likely did: spawn re-runs the caller's main script in the child,
+    and a script that scores at import time, without an ``if __name__ == "__main__":`` guard, makes the child start
+    workers of its own, which multiprocessing refuses (the child exits with code 1)."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main_file:
+        return ""
+    try:
+        with open(main_file, encoding="utf-8", errors="replace") as f:
+            guarded = "__main__" in f.read()
+    except OSError:
+        guarded = True
+    if guarded:
+        return (f"; workers are started with {start_method!r}, which re-imports the main script {main_file}: code "
+                "that scores at import time must sit under `if __name__ == \"__main__\":`")
+    return (f"; {main_file} has no `if __name__ == \"__main__\":` guard: workers are started with {start_method!r}, "
+            "which re-imports the main script, and its scoring code then runs again in every worker. Put the "
+            "script's code under that guard")
 
 
 class _Worker:
@@ -248,6 +269,8 @@ class MathVerifyPool:
                 except (EOFError, OSError):
                     w.proc.join(timeout=1.0)  # reap it, so that the exit code (e.g. -9 after an OOM kill) is known
                     kind, payload = "died", f"math-verify worker died (exit code {w.proc.exitcode})"
+                    if not w.ready and w.proc.exitcode == 1:
+                        payload += main_guard_hint(cfg.start_method)
                 if kind == "ready":
                     w.ready = True
                 elif kind == "done":

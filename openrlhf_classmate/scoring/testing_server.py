@@ -14,7 +14,12 @@ response text being judged) change what happens to that request:
                            (``drop`` alone: always)
 ``[[fake:garbage]]``       answer text with no rating in it
 ``[[fake:malformed]]``     answer HTTP 200 with a body that is not chat-completions JSON
+``[[fake:key=K]]``         tag the request with key ``K`` (see ``down_keys``)
 =========================  ==================================================================================
+
+``FakeJudgeServer(down_keys=N, down_status=503)`` answers ``down_status`` to every request (retries included) whose
+key is one of the first N distinct keys it sees: with one key per prompt in a dataset, the judge is down for
+exactly the prompts of the first training step(s), whatever order the data loader picks.
 
 The server records every request body and header set, and counts requests in flight (``max_in_flight``), so tests
 can check what the client actually sent and how many requests it had open at once.
@@ -50,7 +55,8 @@ def default_rating(prompt: str) -> int:
 class FakeJudgeServer:
     """The fake server. ``port=0`` picks a free port; ``base_url`` is valid once started."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0, model: str = "fake-judge"):
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0, model: str = "fake-judge",
+                 down_keys: int = 0, down_status: int = 503):
         self.host = host
         self.port = port
         self.latency_s = latency_s
@@ -61,6 +67,12 @@ class FakeJudgeServer:
         self.headers: list[dict[str, str]] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.down_keys = down_keys
+        self.down_status = down_status
+        self.keys: list[str] = []
+        """Distinct ``key`` directives in the order first seen."""
+        self.statuses: list[int] = []
+        """HTTP status of every answer, in order (0 for a dropped connection)."""
         self._attempts: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
 
@@ -69,8 +81,8 @@ class FakeJudgeServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def reset(self) -> None:
-        """Forget recorded requests, counters and per-prompt attempt counts."""
-        self.requests, self.headers, self._attempts = [], [], {}
+        """Forget recorded requests, statuses, keys, counters and per-prompt attempt counts."""
+        self.requests, self.headers, self._attempts, self.statuses, self.keys = [], [], {}, [], []
         self.max_in_flight = self.in_flight
 
     async def start(self) -> FakeJudgeServer:
@@ -112,17 +124,26 @@ class FakeJudgeServer:
             attempt = self._attempts.get(prompt, 0)
             self._attempts[prompt] = attempt + 1
 
+            key = directives.get("key")
+            if key is not None and key not in self.keys:
+                self.keys.append(key)
             delay = self.latency_s + float(directives.get("sleep") or 0)
             if delay:
                 await asyncio.sleep(delay)
             if "drop" in directives and _applies(directives["drop"], attempt):
                 # Close the socket mid-request: the client sees a disconnect, not an HTTP answer.
+                self.statuses.append(0)
                 request.transport.close()  # type: ignore[union-attr]
                 raise asyncio.CancelledError
+            if key is not None and key in self.keys[: self.down_keys]:
+                self.statuses.append(self.down_status)
+                return web.Response(status=self.down_status, text=f"fake judge down ({self.down_status})")
             if "status" in directives:
                 code, _, times = directives["status"].partition("x")
                 if _applies(times, attempt):
+                    self.statuses.append(int(code))
                     return web.Response(status=int(code), text=f"fake error {code}")
+            self.statuses.append(200)
             if "malformed" in directives:
                 return web.Response(status=200, text="<html>not json</html>", content_type="text/html")
             if "garbage" in directives:
@@ -187,10 +208,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Fake OpenAI-compatible judge server (127.0.0.1 only).")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
+    parser.add_argument("--down-keys", type=int, default=0, help="answer --down-status to the first N request keys")
+    parser.add_argument("--down-status", type=int, default=503)
     args = parser.parse_args()
 
     async def serve() -> None:
-        async with FakeJudgeServer(port=args.port, latency_s=args.latency) as server:
+        async with FakeJudgeServer(port=args.port, latency_s=args.latency, down_keys=args.down_keys,
+                                   down_status=args.down_status) as server:
             print(f"READY {server.base_url}", flush=True)
             await asyncio.Event().wait()
 

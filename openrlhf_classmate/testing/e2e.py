@@ -19,9 +19,13 @@ WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
 
 
 def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: int = 32, classmate_hidden: int = 16,
-                num_heads: int = 4) -> dict[str, str]:
+                num_heads: int = 4, judged: bool = False) -> dict[str, str]:
     """The world under ``root``. Real vLLM needs a head dimension its kernels accept (``hidden / num_heads`` a
-    multiple of 8, 32 or more): the GPU runs use ``policy_hidden=classmate_hidden=256`` with 4 heads."""
+    multiple of 8, 32 or more): the GPU runs use ``policy_hidden=classmate_hidden=256`` with 4 heads.
+
+    ``judged``: the rows are rated by the LLM judge (data source ``helpful_instructions``) instead of the
+    ``arithmetic`` scorer; each row's question carries ``[[fake:key=rowN]]`` for the fake judge server (see
+    :mod:`openrlhf_classmate.scoring.testing_server`), so a test can tell which rows a step scored."""
     os.makedirs(root, exist_ok=True)
     policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=policy_hidden, num_heads=num_heads,
                              seed=seed)
@@ -30,11 +34,15 @@ def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: 
     rng = random.Random(seed)
     data = os.path.join(root, "train.jsonl")
     with open(data, "w", encoding="utf-8") as f:
-        for _ in range(num_prompts):
+        for i in range(num_prompts):
             a = rng.randint(0, 4)
             b = rng.randint(0, 4 - a)
             messages = [{"role": "user", "content": f"{a} + {b} = ?"}]
-            label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
+            if judged:
+                label = {"data_source": "helpful_instructions", "ground_truth": None,
+                         "raw_question_for_monitor": f"{a} + {b} = ? [[fake:key=row{i}]]", "messages": messages}
+            else:
+                label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
             f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
     return {"root": root, "policy": policy, "classmate": classmate, "data": data}
 

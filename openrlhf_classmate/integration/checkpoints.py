@@ -1,0 +1,156 @@
+"""Checkpoint folders on disk: which DeepSpeed tag a resume can use, and rotation of the ``*_hf`` folders.
+
+DeepSpeed writes a tag's files (``*model_states.pt``, ``*optim_states.pt``) and only then the ``latest`` file, but
+a run killed mid-save, a full disk or a partial copy leaves a *torn* tag: a missing rank's file, or a ``.pt`` file cut
+short (torch writes a zip whose central directory comes last, so a truncated file no longer opens as a zip). Loading
+such a tag fails deep inside ``torch.load`` with an error that names neither the file nor a way out. Here a tag is
+checked file by file in milliseconds (no tensor is read): :func:`choose_resume_tag` takes ``latest`` when it is
+complete and otherwise the newest older complete tag, naming the broken file.
+
+Nothing here imports DeepSpeed, so the launcher's preflight uses the same checks before Ray starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+
+_TAG_RE = re.compile(r"^(?:best_)?global_step(\d+)$")
+_RANK_RE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt$")
+_HF_RE = re.compile(r"^(best_)?global_step(\d+)_hf$")
+
+
+class CheckpointError(RuntimeError):
+    """No complete checkpoint to resume from; the message names each broken file and the ways out."""
+
+
+def tag_step(tag: str) -> int | None:
+    m = _TAG_RE.match(tag)
+    return int(m.group(1)) if m else None
+
+
+def _torch_file_problem(path: str) -> str | None:
+    """Why ``path`` is not a complete torch.save file (zip format), or None."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if size == 0:
+        return "is empty (0 bytes)"
+    try:
+        with zipfile.ZipFile(path) as z:
+            if not z.namelist():
+                return "is a zip archive without entries"
+    except zipfile.BadZipFile:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head[:1] == b"\x80":  # the legacy (pre-zip) torch.save format cannot be checked cheaply: accept it
+            return None
+        return f"is cut short or corrupt ({size} bytes, no complete zip directory)"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    return None
+
+
+def inspect_tag(tag_dir: str, zero_stage: int | None = None) -> str | None:
+    """Why the checkpoint tag folder ``tag_dir`` cannot be resumed from (naming the file), or None if complete.
+
+    ``zero_stage`` >= 1: the optimizer states live in per-rank ``*optim_states.pt`` files, so at least one must be
+    there (DeepSpeed writes them before ``latest``)."""
+    if not os.path.isdir(tag_dir):
+        return f"{tag_dir} does not exist"
+    names = sorted(os.listdir(tag_dir))
+    model_files = [n for n in names if n.endswith("model_states.pt")]
+    if not model_files:
+        return f"{tag_dir} has no *model_states.pt file (the save did not finish)"
+    for kind in ("model", "optim"):
+        ranks = sorted({int(m.group(1)) for n in names if (m := _RANK_RE.search(n)) and m.group(3) == kind})
+        if ranks and ranks != list(range(ranks[-1] + 1)):
+            missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
+            return f"{tag_dir} lacks the {kind} states of data-parallel rank(s) {missing} (the save did not finish)"
+    if zero_stage and not any(n.endswith("optim_states.pt") for n in names):
+        return f"{tag_dir} has no *optim_states.pt file (ZeRO stage {zero_stage} writes one per rank; the save did " \
+               "not finish)"
+    for name in names:
+        if name.endswith(".pt"):
+            problem = _torch_file_problem(os.path.join(tag_dir, name))
+            if problem:
+                return f"{os.path.join(tag_dir, name)} {problem}"
+    return None
+
+
+@dataclass
+class ResumeChoice:
+    tag: str
+    """The tag to load."""
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(tag, why) of newer tags passed over."""
+
+    def notes(self, load_dir: str) -> list[str]:
+        return [f"checkpoint {os.path.join(load_dir, tag)} is incomplete: {why}; resuming from {self.tag} instead "
+                f"(the steps after it are trained again)" for tag, why in self.skipped]
+
+
+def _read_latest(load_dir: str) -> str | None:
+    try:
+        with open(os.path.join(load_dir, "latest"), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def choose_resume_tag(load_dir: str, zero_stage: int | None = None) -> ResumeChoice | None:
+    """The tag a resume from ``load_dir`` (a ``--ckpt.path``'s ``_actor`` folder) should load.
+
+    ``latest`` when that tag is complete; otherwise the newest complete tag older than it (or, without a readable
+    ``latest``, the newest complete tag). None when ``load_dir`` holds no checkpoint at all (a fresh start).
+    Raises :class:`CheckpointError` when there are checkpoints but none is complete. ``zero_stage``: see
+    :func:`inspect_tag`.
+    """
+    if not os.path.isdir(load_dir):
+        return None
+    tags = sorted((d for d in os.listdir(load_dir) if tag_step(d) is not None and os.path.isdir(
+        os.path.join(load_dir, d))), key=lambda d: (tag_step(d), not d.startswith("best_")), reverse=True)
+    latest = _read_latest(load_dir)
+    skipped: list[tuple[str, str]] = []
+    if latest is not None:
+        problem = inspect_tag(os.path.join(load_dir, latest), zero_stage)
+        if problem is None:
+            return ResumeChoice(latest)
+        skipped.append((latest, problem))
+        limit = tag_step(latest)
+        tags = [t for t in tags if t != latest and (limit is None or tag_step(t) <= limit)]
+    elif not tags:
+        return None
+    elif os.path.exists(os.path.join(load_dir, "latest")):
+        skipped.append(("latest", "the 'latest' file is empty or unreadable"))
+    for tag in tags:
+        problem = inspect_tag(os.path.join(load_dir, tag), zero_stage)
+        if problem is None:
+            return ResumeChoice(tag, skipped)
+        skipped.append((tag, problem))
+    broken = "; ".join(why for _, why in skipped)
+    raise CheckpointError(
+        f"no complete checkpoint to resume from in {load_dir}: {broken}. Restore the named file(s), or start "
+        "without --ckpt.load_enable (or with another --ckpt.path)"
+    )
+
+
+def rotate_hf_folders(ckpt_path: str, max_num: int) -> list[str]:
+    """Keep the newest ``max_num`` ``global_step*_hf`` folders of ``ckpt_path`` and the newest ``best_*_hf``
+    (as upstream rotates the DeepSpeed tags with ``--ckpt.max_num``); returns the folders removed."""
+    if not os.path.isdir(ckpt_path) or max_num < 1:
+        return []
+    regular, best = [], []
+    for name in os.listdir(ckpt_path):
+        m = _HF_RE.match(name)
+        if m and os.path.isdir(os.path.join(ckpt_path, name)):
+            (best if m.group(1) else regular).append((int(m.group(2)), name))
+    doomed = [name for _, name in sorted(regular, reverse=True)[max_num:]]
+    doomed += [name for _, name in sorted(best, reverse=True)[1:]]
+    for name in doomed:
+        shutil.rmtree(os.path.join(ckpt_path, name), ignore_errors=True)
+    return doomed

@@ -1,0 +1,623 @@
+"""Every bad input tried against the tools, as one table: what a user gave and the one line it must produce.
+
+Each row names the tool, builds the input in a temporary world (tiny local models, small data files), runs the tool's
+real entry point in-process (the launcher's ``main(["--check", ...])``, a setup_data script's ``main``,
+``evaluate.main``, ``convert_checkpoint.main``, or the scoring API) and checks the outcome: for the command-line
+tools exactly one ``error:`` line, no traceback, a non-zero exit status, and the substrings that name the flag, the
+file (and line) or the field; for scoring calls the exception type or the (invalid / zero) score and its reason.
+A few rows are inputs that must still pass, with a warning (a torn checkpoint with a complete older one).
+``test_launcher_subprocess`` repeats two rows through a real ``python -m ... --check`` process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from openrlhf_classmate.testing.tiny_models import save_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
+
+
+# ── the world ────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def _row(data_source: str = "arithmetic", truth: str = "2", messages: bool = True, **extra) -> dict:
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    label = {"data_source": data_source, "ground_truth": truth, **extra}
+    if messages:
+        label["messages"] = chat
+    return {"prompt": chat, "label": json.dumps(label)}
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("bad_inputs")
+    kw = dict(hidden_size=8, num_layers=1, num_heads=2)
+    world = {
+        "root": root,
+        "policy": save_tiny_model(str(root / "policy"), WORDS, **kw),
+        "classmate": save_tiny_model(str(root / "classmate"), WORDS, seed=1, **kw),
+        "data": _jsonl(root / "train.jsonl", [_row() for _ in range(4)]),
+        "judge_data": _jsonl(root / "helpful.jsonl", [
+            _row("helpful_instructions", None, raw_question_for_monitor="1 + 1 = ?") for _ in range(4)]),
+    }
+    no_config = root / "no_config"
+    no_config.mkdir()
+    (no_config / "tokenizer.json").write_text("{}")
+    world["no_config"] = str(no_config)
+    world["a_file"] = _jsonl(root / "a_file.txt", ["not a folder"])
+    return world
+
+
+def launcher_argv(w: dict, *extra: str, classmate: bool = True, data: str | None = None) -> list[str]:
+    root = w["root"]
+    argv = [
+        "--actor.model_name_or_path", w["policy"], "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+        "--vllm.num_engines", "1", "--data.prompt_dataset", data or w["data"], "--data.input_key", "prompt",
+        "--data.label_key", "label", "--data.apply_chat_template", "--data.max_len", "64",
+        "--rollout.max_new_tokens", "16", "--rollout.batch_size", "4", "--rollout.micro_batch_size", "4",
+        "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16", "--train.micro_batch_size", "4",
+        "--ckpt.path", str(root / "run" / "ckpt"), "--ckpt.output_dir", str(root / "run" / "final"),
+        "--logger.tensorboard_dir", str(root / "run" / "tb"),
+    ]
+    if classmate:
+        argv += ["--classmate.model_name_or_path", w["classmate"], "--classmate.max_new_tokens", "8"]
+    else:
+        argv += ["--algo.advantage.estimator", "group_norm"]
+    return argv + list(extra)
+
+
+# ── runners: (exit status, text the user sees) ──────────────────────────────────────────────────────────────────
+
+
+def _capture(fn: Callable[[], int | None]) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = fn() or 0
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                err.write(e.code + "\n")
+                code = 1
+            else:
+                code = e.code or 0
+    return code, err.getvalue()
+
+
+def run_launcher(argv: list[str]) -> tuple[int, str]:
+    from openrlhf_classmate.cli import train_ppo_ray
+
+    return _capture(lambda: train_ppo_ray.main(["--check", *argv]))
+
+
+def run_setup_data(script: str, argv: list[str]) -> tuple[int, str]:
+    spec = importlib.util.spec_from_file_location(f"setup_data_{script}", REPO / "setup_data" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return _capture(lambda: module.main(argv))
+
+
+def run_evaluate(argv: list[str]) -> tuple[int, str]:
+    from openrlhf_classmate.cli import evaluate
+
+    return _capture(lambda: evaluate.main(argv))
+
+
+def run_convert(argv: list[str]) -> tuple[int, str]:
+    from openrlhf_classmate.cli import convert_checkpoint
+
+    return _capture(lambda: convert_checkpoint.main(argv))
+
+
+# ── the table ────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Case:
+    id: str
+    tool: str
+    """launcher, yaml, setup_data, scoring, convert or evaluate."""
+    run: Callable[[dict, Path], tuple[int, str]]
+    """(world, tmp dir) -> (exit status, output); scoring rows return (0, description of the outcome)."""
+    expect: tuple[str, ...]
+    """Substrings of the error line (or of the outcome for scoring rows / warnings for passing rows)."""
+    passes: bool = False
+    """The input is bad but usable: exit status 0 (the expected text is a warning)."""
+    outcome: bool = False
+    """An API call, not a command: ``run`` returns (0, what happened) (raised exception or scores)."""
+
+
+def L(id_: str, extra: Callable[[dict, Path], list[str]] | list[str], *expect: str, classmate: bool = True,
+      data: Callable[[dict, Path], str] | None = None, passes: bool = False, tool: str = "launcher") -> Case:
+    def run(w, tmp):
+        flags = extra(w, tmp) if callable(extra) else extra
+        return run_launcher(launcher_argv(w, *flags, classmate=classmate, data=data(w, tmp) if data else None))
+    return Case(id_, tool, run, expect, passes)
+
+
+def D(id_: str, rows: list, *expect: str, classmate: bool = True, suffix: str = ".jsonl", raw: bytes | None = None,
+      extra: list[str] = ()) -> Case:
+    """A launcher row whose prompt dataset holds ``rows`` (or the bytes ``raw``)."""
+    def data(w, tmp):
+        path = tmp / f"data{suffix}"
+        if raw is not None:
+            path.write_bytes(raw)
+            return str(path)
+        return _jsonl(path, rows)
+    return L(id_, list(extra), *expect, classmate=classmate, data=data)
+
+
+def Y(id_: str, text: str | bytes, *expect: str) -> Case:
+    def run(w, tmp):
+        path = tmp / "run.yaml"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return run_launcher(launcher_argv(w, "--config", str(path)))
+    return Case(id_, "yaml", run, expect)
+
+
+def _torn_ckpt(tmp: Path, break_older: bool) -> str:
+    """A --ckpt.path whose latest tag (global_step2) has a truncated model file; the older tag is complete unless
+    ``break_older``."""
+    ckpt = tmp / "ckpt"
+    for step in (1, 2):
+        tag = ckpt / "_actor" / f"global_step{step}"
+        tag.mkdir(parents=True)
+        torch.save({"module": {"w": torch.zeros(4)}}, tag / "mp_rank_00_model_states.pt")
+        torch.save({"optimizer_state_dict": {}}, tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (ckpt / "_actor" / "latest").write_text("global_step2")
+    model = ckpt / "_actor" / "global_step2" / "mp_rank_00_model_states.pt"
+    model.write_bytes(model.read_bytes()[:100])
+    if break_older:
+        (ckpt / "_actor" / "global_step1" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    return str(ckpt)
+
+
+LAUNCHER = [
+    L("actor path missing", lambda w, t: ["--actor.model_name_or_path", str(t / "nope")],
+      "--actor.model_name_or_path", "nope does not exist"),
+    L("actor path is a file", lambda w, t: ["--actor.model_name_or_path", w["a_file"]],
+      "--actor.model_name_or_path", "is a file"),
+    L("actor folder without config.json", lambda w, t: ["--actor.model_name_or_path", w["no_config"]],
+      "--actor.model_name_or_path", "no config.json"),
+    L("classmate path missing", lambda w, t: ["--classmate.model_name_or_path", "./missing_classmate"],
+      "--classmate.model_name_or_path", "missing_classmate does not exist"),
+    L("dataset missing", lambda w, t: ["--data.prompt_dataset", str(t / "missing.jsonl")],
+      "--data.prompt_dataset", "missing.jsonl does not exist"),
+    D("dataset line not JSON", [_row(), "{not json"], "data.jsonl:2", "invalid JSON"),
+    D("dataset not UTF-8", [], "data.jsonl", "not valid UTF-8", raw=b'{"prompt": "caf\xe9"}\n'),
+    D("dataset empty", [], "data.jsonl", "empty input file", raw=b""),
+    D("dataset line not an object", [_row(), "[1, 2]"], "data.jsonl:2", "expected a JSON object"),
+    D("prompt field missing", [_row(), {"label": _row()["label"]}], "data.jsonl:2", "field 'prompt' missing",
+      "--data.input_key"),
+    D("prompt field of the wrong type", [{"prompt": 7, "label": _row()["label"]}], "data.jsonl:1", "field 'prompt'"),
+    D("label field missing", [{"prompt": "1 + 1 = ?"}], "data.jsonl:1", "field 'label' missing", "--data.label_key"),
+    D("label not JSON", [{"prompt": "1 + 1 = ?", "label": "{oops"}], "data.jsonl:1", "field 'label'",
+      "not valid JSON"),
+    D("label without data_source", [{"prompt": "x", "label": json.dumps({"ground_truth": "1"})}], "data.jsonl:1",
+      "data_source"),
+    D("unknown data_source (typo)", [_row("gsm8kk", "2")], "data.jsonl:1", "no scorer", "Did you mean 'gsm8k'"),
+    D("data_source in the wrong case", [_row("GSM8K", "2")], "data.jsonl:1", "case-sensitive"),
+    D("gsm8k ground truth not a number", [_row("gsm8k", "two")], "data.jsonl:1", "ground_truth", "not a number"),
+    D("sycophancy label without the question", [_row("helpful_instructions", None)], "data.jsonl:1",
+      "raw_question_for_monitor"),
+    D("classmate label without messages", [_row(messages=False)], "data.jsonl:1", "no 'messages' list"),
+    L("judge-scored data, classmate run, no judge", [], "helpful.jsonl:1", "--classmate.judge_base_url",
+      data=lambda w, t: w["judge_data"]),
+    L("judge-scored data, plain GRPO, no judge", [], "helpful.jsonl:1", "LLM judge", "--classmate.judge_model",
+      classmate=False, data=lambda w, t: w["judge_data"]),
+    L("eval dataset with a bad row", lambda w, t: ["--eval.dataset", _jsonl(t / "eval.jsonl", [_row(), "oops"])],
+      "eval.jsonl:2", "invalid JSON"),
+    L("label key unset with the registry reward", ["--data.label_key", ""], "--data.label_key is not set"),
+    L("prompt_probs count mismatch", ["--data.prompt_probs", "0.5,0.5"], "--data.prompt_probs", "2 values for 1"),
+    L("judge URL without scheme", ["--classmate.judge_base_url", "127.0.0.1:8000/v1", "--classmate.judge_model", "j"],
+      "--classmate.judge_base_url", "http(s) URL"),
+    L("judge URL without model", ["--classmate.judge_base_url", "http://127.0.0.1:8000/v1"],
+      "--classmate.judge_model"),
+    L("judge model without URL", ["--classmate.judge_model", "j"], "--classmate.judge_base_url"),
+    L("classmate temperature 3", ["--classmate.temperature", "3"], "--classmate.temperature", "in [0, 2]", "3"),
+    L("classmate top_p 0", ["--classmate.top_p", "0"], "--classmate.top_p", "(0, 1]"),
+    L("classmate weights nan", ["--classmate.weights", "nan"], "--classmate.weights"),
+    L("classmate weights all zero", ["--classmate.weights", "0"], "--classmate.weights"),
+    L("gdpo weights all zero", ["--classmate.gdpo_weights", "0", "0"], "--classmate.gdpo_weights", "all zero"),
+    L("gdpo weight infinite", ["--classmate.gdpo_weights", "inf", "1"], "--classmate.gdpo_weights"),
+    L("classmate clip range not positive", ["--classmate.eps_clip_low_high", "0", "0.2"],
+      "--classmate.eps_clip_low_high", "> 0"),
+    L("classmate dual clip below 1", ["--classmate.dual_clip", "0.5"], "--classmate.dual_clip", "> 1"),
+    L("hf_max_batch 0 (used to hang)", ["--engine.hf_max_batch", "0"], "--engine.hf_max_batch", ">= 1"),
+    L("classmate max_context leaves no room", ["--classmate.max_context", "8"], "--classmate.max_context",
+      "no room"),
+    L("classmate samples 0", ["--classmate.samples", "0"], "--classmate.samples"),
+    L("keep_min above keep_max", ["--classmate.keep_min", "0.9", "--classmate.keep_max", "0.2"],
+      "--classmate.keep_min"),
+    L("judge timeout 0", ["--classmate.judge_timeout_s", "0"], "--classmate.judge_timeout_s", "> 0"),
+    L("judge retries negative", ["--classmate.judge_max_retries", "-1"], "--classmate.judge_max_retries", ">= 0"),
+    L("judge concurrency 0", ["--classmate.judge_max_concurrency", "0"], "--classmate.judge_max_concurrency"),
+    L("classmate gpu memory 1.5", ["--classmate.gpu_memory_utilization", "1.5"],
+      "--classmate.gpu_memory_utilization"),
+    L("ckpt path is a file", lambda w, t: ["--ckpt.path", w["a_file"]], "--ckpt.path", "is a file"),
+    L("output dir under a file", lambda w, t: ["--ckpt.output_dir", w["a_file"] + "/final"], "--ckpt.output_dir",
+      "is a file"),
+    L("tensorboard dir is a file", lambda w, t: ["--logger.tensorboard_dir", w["a_file"]],
+      "--logger.tensorboard_dir", "is a file"),
+    L("think tag not a token of the policy", ["--classmate.think_close", "</reasoning>"],
+      "--classmate.think_close", "not one token"),
+    L("after_think reward without the tag", ["--classmate.think_close", "</reasoning>"],
+      "--classmate.think_close", "whole_response", classmate=False),
+    L("group estimator with one sample (upstream assert)", ["--rollout.n_samples_per_prompt", "1"],
+      "--algo.advantage.estimator group_norm", "--rollout.n_samples_per_prompt >= 2", classmate=False),
+    L("unknown estimator", ["--classmate.estimator", "gdpoo"], "--classmate.estimator", "invalid choice"),
+    L("not a number", ["--rollout.batch_size", "four"], "--rollout.batch_size", "invalid int value"),
+    L("unknown flag", ["--classmate.temprature", "1"], "unrecognized arguments", "--classmate.temprature"),
+    L("zero GPUs per node", ["--actor.num_gpus_per_node", "0"], "--actor.num_gpus_per_node", ">= 1"),
+    L("max_len below max_new_tokens", ["--data.max_len", "16"], "--data.max_len", "--rollout.max_new_tokens"),
+    L("ckpt.max_num 0", ["--ckpt.max_num", "0"], "--ckpt.max_num"),
+    L("classmate estimator without classmate", ["--classmate.estimator", "gdpo"], "needs a classmate",
+      classmate=False),
+    L("classmate without policy engines", ["--vllm.num_engines", "0"], "--vllm.num_engines >= 1"),
+    L("resume with every checkpoint torn", lambda w, t: ["--ckpt.path", _torn_ckpt(t, True), "--ckpt.load_enable"],
+      "--ckpt.load_enable", "mp_rank_00_model_states.pt is cut short", "global_step1 has no *optim_states.pt"),
+    L("resume over a torn latest checkpoint", lambda w, t: ["--ckpt.path", _torn_ckpt(t, False),
+                                                             "--ckpt.load_enable"],
+      "global_step2/mp_rank_00_model_states.pt is cut short", "resuming from global_step1", passes=True),
+]
+
+YAML = [
+    Y("yaml syntax error", "actor:\n  adam: [1,\nrollout: x\n", "run.yaml:", "not valid YAML"),
+    Y("yaml not UTF-8", b"actor:\n  adam:\n    lr: 1e-5 # caf\xe9\n", "run.yaml:3", "not UTF-8"),
+    Y("yaml unknown key", "classmate:\n  temprature: 0.5\n", "unknown key 'classmate.temprature'"),
+    Y("yaml duplicate key", "classmate:\n  temperature: 0.5\n  temperature: 0.7\n", "run.yaml:3",
+      "duplicate key 'temperature'", "line 2"),
+    Y("yaml duplicate group", "ckpt:\n  save_hf: true\nckpt:\n  max_num: 2\n", "run.yaml:3", "duplicate key 'ckpt'"),
+    Y("yaml top level a list", "- a\n- b\n", "top level must be a mapping"),
+    Y("yaml switch not a boolean", "ckpt:\n  save_hf: 3\n", "'ckpt.save_hf' is a switch"),
+    Y("yaml invalid choice", "classmate:\n  estimator: nope\n", "--classmate.estimator", "invalid choice",
+      "set in --config"),
+    Y("yaml list for a scalar", "classmate:\n  temperature: [0.5, 0.7]\n", "'classmate.temperature' takes one value"),
+    Y("yaml value out of range", "classmate:\n  top_p: 1.5\n", "--classmate.top_p", "(0, 1]"),
+    Case("yaml file missing", "yaml", lambda w, t: run_launcher(launcher_argv(w, "--config", str(t / "none.yaml"))),
+         ("none.yaml", "cannot read")),
+    Case("yaml path is a directory", "yaml", lambda w, t: run_launcher(launcher_argv(w, "--config", str(t))),
+         ("is a directory",)),
+]
+
+
+def S(id_: str, script: str, build: Callable[[Path], list[str]], *expect: str) -> Case:
+    return Case(id_, "setup_data", lambda w, t: run_setup_data(script, [*build(t), "--quiet"]), expect)
+
+
+def _gsm(t: Path, rows: list, name: str = "train.jsonl") -> list[str]:
+    return ["--input", _jsonl(t / name, rows), "--output-dir", str(t / "out")]
+
+
+GSM = {"question": "1 + 1?", "answer": "so #### 2"}
+SETUP_DATA = [
+    S("setup input missing", "gsm8k", lambda t: ["--input", str(t / "train.jsonl"), "--output-dir", str(t / "o")],
+      "train.jsonl", "no such file"),
+    S("setup line not JSON", "gsm8k", lambda t: _gsm(t, [GSM, "{bad"]), "train.jsonl:2", "invalid JSON"),
+    S("setup line not an object", "gsm8k", lambda t: _gsm(t, ["[]"]), "train.jsonl:1", "expected a JSON object"),
+    S("setup field missing", "gsm8k", lambda t: _gsm(t, [{"question": "q"}]), "train.jsonl:1", "field 'answer'"),
+    S("setup field of the wrong type", "gsm8k", lambda t: _gsm(t, [{"question": 3, "answer": "#### 1"}]),
+      "train.jsonl:1", "field 'question'"),
+    S("setup no final answer", "gsm8k", lambda t: _gsm(t, [{"question": "q", "answer": "none"}]), "train.jsonl:1",
+      "'#### <number>'"),
+    S("setup empty file", "gsm8k", lambda t: _gsm(t, []), "train.jsonl", "empty input file"),
+    S("setup not UTF-8", "gsm8k", lambda t: ["--input", str((t / "train.jsonl").write_bytes(b"\xff\xfe") and
+                                                           t / "train.jsonl"), "--output-dir", str(t / "o")],
+      "train.jsonl", "not valid UTF-8"),
+    S("setup unsupported suffix", "gsm8k", lambda t: ["--input", _jsonl(t / "train.csv", [GSM]), "--output-dir",
+                                                       str(t / "o")], "train.csv", "unsupported input format"),
+    S("setup output dir is a file", "gsm8k", lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]),
+                                                         "--output-dir", _jsonl(t / "taken", ["x"])],
+      "taken", "is a file"),
+    S("setup output dir under a file", "gsm8k", lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]),
+                                                            "--output-dir", _jsonl(t / "taken", ["x"]) + "/sub"],
+      "cannot be created", "is a file"),
+    S("setup split not read by the script", "gsm8k", lambda t: ["--input", "dev=" + _jsonl(t / "x.jsonl", [GSM]),
+                                                                 "--output-dir", str(t / "o")],
+      "no split 'dev'"),
+    S("setup split not told by the file name", "gsm8k", lambda t: _gsm(t, [GSM], name="data.jsonl"),
+      "data.jsonl", "cannot tell which source split"),
+    S("setup max rows 0", "gsm8k", lambda t: _gsm(t, [GSM]) + ["--max-rows", "0"], "--max-rows"),
+    S("setup negative size", "gsm8k", lambda t: _gsm(t, [GSM]) + ["--test-size", "-1"], "--test-size", ">= 0"),
+    S("setup mmlu answer index out of range", "mmlu_sycophancy",
+      lambda t: ["--input", _jsonl(t / "test.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 5,
+                                                        "subject": "s"}]), "--output-dir", str(t / "o")],
+      "test.jsonl:1", "answer"),
+]
+
+
+def _score(labels, responses=("1",), judge=None):
+    from openrlhf_classmate.scoring import score_responses
+
+    return score_responses(list(responses), labels, judge=judge)
+
+
+def _raises(fn, exc_name: str) -> tuple[int, str]:
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001
+        return 0, f"{type(e).__name__}: {e}"
+    return 0, f"no exception ({exc_name} expected): {result}"
+
+
+def _results(results) -> tuple[int, str]:
+    return 0, " | ".join(f"valid={r.valid} score={r.score} reason={r.reason} explanation={r.explanation}"
+                         for r in results)
+
+
+def _nested_frac(depth: int) -> str:
+    text = "1"
+    for _ in range(depth):
+        text = "\\frac{" + text + "}{2}"
+    return "\\boxed{" + text + "}"
+
+
+def _judged(directive: str, timeout_s: float = 5.0, retries: int = 1) -> tuple[int, str]:
+    from openrlhf_classmate.scoring import JudgeConfig
+    from openrlhf_classmate.scoring.testing_server import serve_in_thread
+
+    label = {"data_source": "helpful_instructions", "raw_question_for_monitor": "q"}
+    with serve_in_thread() as server:
+        cfg = JudgeConfig(base_url=server.base_url, model="fake-judge", timeout_s=timeout_s, max_retries=retries,
+                          backoff_s=0.01)
+        return _results(_score([label], [f"an answer {directive}"], judge=cfg))
+
+
+def _refused_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def _reward_func_with_judge(directive: str) -> tuple[int, str]:
+    from openrlhf_classmate.reward_func import reward_func
+    from openrlhf_classmate.scoring.testing_server import serve_in_thread
+
+    label = json.dumps({"data_source": "helpful_instructions", "raw_question_for_monitor": "q"})
+    with serve_in_thread() as server, _env(OPENRLHF_CLASSMATE_JUDGE=json.dumps(
+            {"base_url": server.base_url, "model": "fake-judge", "max_retries": 1, "backoff_s": 0.01})):
+        out = reward_func([f"P:<think> x </think> answer {directive}"], ["P:"], [label], answers=[f"answer {directive}"])
+    return 0, json.dumps(out, sort_keys=True)
+
+
+@contextlib.contextmanager
+def _env(**values: str):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def C(id_: str, fn: Callable[[], tuple[int, str]], *expect: str) -> Case:
+    return Case(id_, "scoring", lambda w, t: fn(), expect, outcome=True)
+
+
+SCORING = [
+    C("label not JSON", lambda: _raises(lambda: _score(["{oops"]), "LabelError"), "LabelError", "label #0",
+      "not valid JSON"),
+    C("label empty", lambda: _raises(lambda: _score([""]), "LabelError"), "LabelError", "--data.label_key"),
+    C("label a list", lambda: _raises(lambda: _score(["[1]"]), "LabelError"), "must be a JSON object"),
+    C("unknown data_source", lambda: _raises(lambda: _score([{"data_source": "gsm8kk", "ground_truth": "1"}]), "x"),
+      "UnknownDataSourceError", "Did you mean 'gsm8k'"),
+    C("gsm8k ground truth missing", lambda: _raises(lambda: _score([{"data_source": "gsm8k"}]), "LabelError"),
+      "LabelError", "field 'ground_truth'", "missing"),
+    C("mmlu hint letter missing", lambda: _raises(lambda: _score([{"data_source": "cais/mmlu"}]), "LabelError"),
+      "LabelError", "ground_truth"),
+    C("judge scorer without a judge", lambda: _raises(lambda: _score(
+        [{"data_source": "helpful_instructions", "raw_question_for_monitor": "q"}]), "JudgeNotConfiguredError"),
+      "JudgeNotConfiguredError", "needs an LLM judge"),
+    C("judge URL without scheme", lambda: _raises(lambda: __import__("openrlhf_classmate.scoring", fromlist=["x"])
+                                                  .JudgeConfig(base_url="host:8000/v1", model="j"), "ValueError"),
+      "ValueError", "http(s) URL"),
+    C("judge answers 503", lambda: _judged("[[fake:status=503]]"), "valid=False", "judge HTTP 503",
+      "gave up after 1 retries"),
+    C("judge answers without a rating", lambda: _judged("[[fake:garbage]]"), "valid=False", "no rating"),
+    C("judge answers a malformed body", lambda: _judged("[[fake:malformed]]"), "valid=False", "malformed"),
+    C("judge times out", lambda: _judged("[[fake:sleep=3]]", timeout_s=0.5), "valid=False", "timed out after 0.5s"),
+    C("judge connection refused", lambda: _results(_score(
+        [{"data_source": "helpful_instructions", "raw_question_for_monitor": "q"}], ["a"],
+        judge=__import__("openrlhf_classmate.scoring", fromlist=["x"]).JudgeConfig(
+            base_url=_refused_port(), model="j", max_retries=1, backoff_s=0.01))), "valid=False", "connection error"),
+    C("reward_func with the judge down", lambda: _reward_func_with_judge("[[fake:status=503]]"),
+      '"main_valid": 0.0', '"rewards": 0.0', '"judge_sample/failures": 1.0', '"judge_sample/failure_status": 503.0'),
+    C("math answer nested 200 deep (reward hack)", lambda: _results(_score(
+        [{"data_source": "math_verify", "ground_truth": "\\frac{1}{2}"}], [_nested_frac(200)])),
+      "valid=True score=0.0", "nested 201 deep"),
+    C("math boxed answer of 5000 characters", lambda: _results(_score(
+        [{"data_source": "math_verify", "ground_truth": "1"}], ["\\boxed{" + "1+" * 2500 + "1}"])),
+      "valid=True score=0.0", "5001 characters"),
+    C("math ground truth math-verify cannot parse", lambda: _results(_score(
+        [{"data_source": "math_verify", "ground_truth": "}{"}], ["\\boxed{1}"])),
+      "valid=False", "could not parse the ground truth"),
+]
+
+
+def _fake_tag(tmp: Path, broken: bool = False, garbage: bool = False) -> str:
+    actor = tmp / "ck" / "_actor"
+    tag = actor / "global_step1"
+    tag.mkdir(parents=True)
+    torch.save({"not": "a deepspeed checkpoint"} if garbage else {"module": {}}, tag / "mp_rank_00_model_states.pt")
+    torch.save({}, tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    if broken:
+        (tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"PK\x03\x04 torn")
+    (actor / "latest").write_text("global_step1")
+    return str(tmp / "ck")
+
+
+def _bad_config_model(tmp: Path, w: dict) -> str:
+    import shutil
+
+    path = tmp / "broken_base"
+    shutil.copytree(w["policy"], path)
+    (path / "config.json").write_text("{not json")
+    return str(path)
+
+
+def _mismatched_base(w: dict, tmp: Path) -> tuple[int, str]:
+    """convert's model building with a base model of another size than the checkpoint's weights."""
+    from openrlhf_classmate.cli import convert_checkpoint as cc
+    from openrlhf_classmate.testing.tiny_models import new_tiny_model
+
+    other, _ = new_tiny_model(WORDS, hidden_size=16, num_layers=1, num_heads=2)
+    return _raises(lambda: cc.build_model(w["policy"], other.state_dict()), "ConversionError")
+
+
+def V(id_: str, build: Callable[[dict, Path], list[str]], *expect: str) -> Case:
+    return Case(id_, "convert", lambda w, t: run_convert(build(w, t)), expect)
+
+
+CONVERT = [
+    V("convert checkpoint dir missing", lambda w, t: [str(t / "nope"), str(t / "out")], "nope does not exist"),
+    V("convert dir without a checkpoint", lambda w, t: [w["policy"], str(t / "out")], "holds no DeepSpeed checkpoint"),
+    V("convert tag missing", lambda w, t: [_fake_tag(t), str(t / "out"), "--tag", "global_step9"],
+      "'global_step9' not found", "available tags: global_step1"),
+    V("convert torn checkpoint file", lambda w, t: [_fake_tag(t, broken=True), str(t / "out"),
+                                                    "--base-model", w["policy"]],
+      "incomplete", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt is cut short"),
+    V("convert file that is not a DeepSpeed checkpoint", lambda w, t: [_fake_tag(t, garbage=True), str(t / "out"),
+                                                                       "--base-model", w["policy"]],
+      "cannot rebuild the weights", "zero_to_fp32"),
+    V("convert output is a file", lambda w, t: [_fake_tag(t), w["a_file"]], "is a file, not a model directory"),
+    V("convert output under a file", lambda w, t: [_fake_tag(t), w["a_file"] + "/out"], "cannot be created",
+      "is a file"),
+    V("convert base model missing", lambda w, t: [_fake_tag(t), str(t / "out"), "--base-model", str(t / "nobase")],
+      "base model", "does not exist"),
+    V("convert base model with a broken config", lambda w, t: [_fake_tag(t), str(t / "out"), "--base-model",
+                                                              _bad_config_model(t, w)],
+      "cannot build a model from its config"),
+    V("convert bad dtype", lambda w, t: [_fake_tag(t), str(t / "out"), "--dtype", "int8"], "--dtype",
+      "invalid choice"),
+    Case("convert base model of another size", "convert", lambda w, t: _mismatched_base(w, t),
+         ("ConversionError", "shape mismatch"), outcome=True),
+]
+
+
+def E(id_: str, build: Callable[[dict, Path], list[str]], *expect: str) -> Case:
+    return Case(id_, "evaluate", lambda w, t: run_evaluate(build(w, t)), expect)
+
+
+def _ev(w: dict, t: Path, *extra: str, data: str | None = None) -> list[str]:
+    return ["--model", w["policy"], "--data", data or w["data"], "--output-dir", str(t / "eval"), "--quiet", *extra]
+
+
+EVALUATE = [
+    E("evaluate data missing", lambda w, t: _ev(w, t, data=str(t / "none.jsonl")), "--data", "does not exist"),
+    E("evaluate data is a directory", lambda w, t: _ev(w, t, data=str(t)), "--data", "not a file"),
+    E("evaluate line not JSON", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [_row(), "{x"])),
+      "d.jsonl:2", "invalid JSON"),
+    E("evaluate data not UTF-8", lambda w, t: _ev(w, t, data=str((t / "d.jsonl").write_bytes(b"\xff") and
+                                                                t / "d.jsonl")), "not valid UTF-8"),
+    E("evaluate prompt field missing", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [{"label": "{}"}])),
+      "d.jsonl:1", "'prompt'", "--input-key"),
+    E("evaluate label missing", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [{"prompt": "x"}])),
+      "d.jsonl:1", "'label' missing", "--label-key"),
+    E("evaluate unknown data source", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [_row("nope")])),
+      "d.jsonl:1", "no scorer"),
+    E("evaluate judge-scored data without a judge", lambda w, t: _ev(w, t, data=w["judge_data"]),
+      "helpful.jsonl:1", "--judge-base-url"),
+    E("evaluate judge URL without scheme", lambda w, t: _ev(w, t, "--judge-base-url", "host:1/v1", "--judge-model",
+                                                           "j", data=w["judge_data"]), "--judge-base-url",
+      "http(s) URL"),
+    E("evaluate monitor without a judge", lambda w, t: _ev(w, t, "--monitor"), "--monitor needs a judge"),
+    E("evaluate no-think with a classmate", lambda w, t: _ev(w, t, "--no-think", "--classmate", w["classmate"]),
+      "--no-think"),
+    E("evaluate output dir is a file", lambda w, t: ["--model", w["policy"], "--data", w["data"], "--output-dir",
+                                                     w["a_file"]], "--output-dir", "is a file"),
+    E("evaluate model missing", lambda w, t: _ev(w, t) + ["--model", str(t / "nomodel")], "--model",
+      "does not exist"),
+    E("evaluate model folder without config", lambda w, t: _ev(w, t) + ["--model", w["no_config"]], "--model",
+      "no config.json"),
+    E("evaluate model folder without a tokenizer", lambda w, t: _ev(w, t) + ["--model", _config_only(t, w)],
+      "--model", "cannot load its tokenizer"),
+    E("evaluate batch size 0", lambda w, t: _ev(w, t, "--batch-size", "0"), "--batch-size", ">= 1"),
+    E("evaluate temperature 5", lambda w, t: _ev(w, t, "--temperature", "5"), "--temperature", "[0, 2]"),
+    E("evaluate top-p 0", lambda w, t: _ev(w, t, "--top-p", "0"), "--top-p"),
+    E("evaluate limit 0", lambda w, t: _ev(w, t, "--limit", "0"), "--limit"),
+    E("evaluate chat template kwargs not JSON", lambda w, t: _ev(w, t, "--chat-template-kwargs", "{x"),
+      "--chat-template-kwargs", "not JSON"),
+    E("evaluate unknown scorer", lambda w, t: _ev(w, t, "--scorer", "gsm8kk"), "no scorer", "--scorer"),
+    E("evaluate think tag not in the tokenizer", lambda w, t: _ev(w, t, "--think-close", "</reasoning>"),
+      "--think-open/--think-close"),
+]
+
+
+def _config_only(t: Path, w: dict) -> str:
+    import shutil
+
+    path = t / "config_only"
+    path.mkdir()
+    shutil.copy(os.path.join(w["policy"], "config.json"), path / "config.json")
+    return str(path)
+
+
+CASES = LAUNCHER + YAML + SETUP_DATA + SCORING + CONVERT + EVALUATE
+
+
+def test_the_table_is_large_and_covers_every_tool():
+    counts = {tool: sum(c.tool == tool for c in CASES) for tool in
+              ("launcher", "yaml", "setup_data", "scoring", "convert", "evaluate")}
+    assert all(n >= 5 for n in counts.values()), counts
+    assert len(CASES) >= 60 and len({(c.tool, c.id) for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.tool}: {c.id}")
+def test_bad_input(case: Case, w: dict, tmp_path: Path):
+    code, text = case.run(w, tmp_path)
+    assert "Traceback" not in text, text
+    if case.outcome:
+        for needle in case.expect:
+            assert needle in text, f"{needle!r} not in {text!r}"
+        return
+    if case.passes:
+        assert code == 0, text
+        warnings = [line for line in text.splitlines() if line.startswith("warning: ")]
+        assert any(all(n in line for n in case.expect) for line in warnings), text
+        return
+    assert code != 0, f"accepted: {text}"
+    errors = [line for line in text.splitlines() if "error:" in line]
+    assert len(errors) == 1, f"expected one error line, got:\n{text}"
+    for needle in case.expect:
+        assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
+
+
+@pytest.mark.parametrize("extra, code, needle", [
+    ([], 0, "check passed: the run would start"),
+    (["--engine.hf_max_batch", "0"], 1, "error: --engine.hf_max_batch must be >= 1, got 0"),
+])
+def test_launcher_subprocess(w: dict, extra: list[str], code: int, needle: str):
+    """The real command: ``--check`` exits 0 or prints one error line, before Ray starts (no Ray session)."""
+    argv = [sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", "--check", *launcher_argv(w, *extra)]
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1")  # a Ray start would fail loudly: --check never starts it
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert needle in (proc.stdout if code == 0 else proc.stderr)
+    if code:
+        assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [needle]
+        assert "Traceback" not in proc.stderr

@@ -1,0 +1,192 @@
+"""Faults during real CPU runs of the launcher (Ray, DeepSpeed ZeRO-2, HF engines, tiny models), each a subprocess as a
+user would start it, against a real local judge server on 127.0.0.1 (``scoring.testing_server``):
+
+* the judge is down (HTTP 503) for a whole step: those scores are invalid and masked, counted in the judge metrics,
+  named in one warning line, and the run goes on and exits 0;
+* ``kill -9`` of the whole run during a step, then a resume: it continues at the step after the last checkpoint,
+  with the data loader where it was (the resumed step scores exactly the prompts the killed step had drawn);
+* a torn checkpoint (the newest tag's model file cut short): the resume names the file, falls back to the previous
+  complete tag and continues from there; the ``*_hf`` folders rotate with ``--ckpt.max_num``.
+
+Every row of the data carries its own judge key, so the server's request log tells which prompts each step scored.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from openrlhf_classmate.scoring.testing_server import serve_in_thread
+from openrlhf_classmate.testing.e2e import build_world, launcher_argv, run_launcher, tensorboard_scalars
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEY_RE = re.compile(r"\[\[fake:key=(\w+)\]\]")
+
+
+def _judge_flags(server, retries: int = 1) -> list[str]:
+    # whole_response: every answer is judged (a tiny random policy rarely closes its think block)
+    return ["--classmate.judge_base_url", server.base_url, "--classmate.judge_model", "fake-judge",
+            "--classmate.judge_max_retries", str(retries), "--classmate.final_answer", "whole_response"]
+
+
+def _keys(requests: list[dict]) -> list[str]:
+    """Distinct row keys in the order the judge first saw them."""
+    seen: list[str] = []
+    for body in requests:
+        for m in KEY_RE.finditer(" ".join(str(msg.get("content", "")) for msg in body.get("messages", []))):
+            if m.group(1) not in seen:
+                seen.append(m.group(1))
+    return seen
+
+
+def _launch(argv: list[str], log_path: str) -> str:
+    code = run_launcher(argv, log_path, cwd=REPO, timeout=1800)
+    text = open(log_path, errors="replace").read()
+    if code != 0:
+        pytest.fail(f"launcher exited with {code}; log tail:\n{text[-6000:]}")
+    return text
+
+
+def test_judge_down_for_a_whole_step_is_masked_counted_warned_and_the_run_goes_on(tmp_path):
+    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
+    with serve_in_thread(down_keys=4) as server:  # 503 for every request about the first 4 prompts = step 1
+        argv = launcher_argv(world, estimator="gdpo", extra=_judge_flags(server))
+        log = _launch(argv, str(tmp_path / "run.log"))
+        statuses = list(server.statuses)
+        keys = list(server.keys)
+
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
+    requests, failures, retries = (tb[f"train/judge/{k}"] for k in ("requests", "failures", "retries"))
+    # step 1: every main answer (16) and every classmate answer sent was judged, failed, and was retried once
+    assert requests[1] >= 16 and failures[1] == requests[1] and retries[1] == requests[1]
+    assert statuses.count(503) == 2 * failures[1]  # what the server answered: 503 to each attempt
+    # step 2: the judge is back
+    assert requests[2] >= 16 and failures[2] == 0 and retries[2] == 0
+    assert statuses.count(200) == requests[2] and len(keys) == 8
+    assert tb["train/reward/main_valid_fraction"] == {1: 0.0, 2: 1.0}
+    assert tb["train/main_valid"] == {1: 0.0, 2: 1.0}  # per sample: main_valid 0 for every step-1 sample
+    assert tb["train/reward/classmate_valid_fraction"][1] == 0.0
+    assert tb["train/reward/classmate_valid_fraction"][2] > 0.0
+    assert all(tb["train/judge/latency_p50"][s] > 0 for s in (1, 2))
+    assert tb["train/judge/latency_p95"][1] >= tb["train/judge/latency_p50"][1]
+    # one warning line for step 1, naming the first failure; none for step 2
+    warnings = [line for line in log.splitlines() if "judge health:" in line]
+    assert len(warnings) == 1, warnings
+    assert "step 1: judge health: 16/16 main and 16/16 classmate scores invalid (masked)" in warnings[0]
+    assert f"{int(failures[1])} of {int(requests[1])} judge requests failed" in warnings[0]
+    assert "first failure (main answer): judge HTTP 503 after 1 retry" in warnings[0]
+    assert "Traceback" not in log
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(entry)] = (int(fields[1]), int(fields[3]))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _kill_run(proc: subprocess.Popen) -> int:
+    """SIGKILL the run: every process of its session and every descendant (Ray's daemons and workers, some of which
+    start sessions of their own), all at once, as a node failure would. Returns how many were killed."""
+    table = _processes()
+    victims = {pid for pid, (_, sid) in table.items() if sid == proc.pid} | {proc.pid}
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _) in table.items() if ppid in victims} - victims
+        victims |= more
+        grew = bool(more)
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+    return len(victims)
+
+
+def test_kill_9_during_a_step_then_resume_continues_at_the_same_step_and_data_position(tmp_path):
+    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
+    root = world["root"]
+    with serve_in_thread() as server:
+        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server))
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+        with open(tmp_path / "killed.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=REPO,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.time() + 900
+            # step 2 has begun once the judge sees a fifth prompt (step 1 scored four, then saved its checkpoint)
+            while len(_keys(list(server.requests))) < 5 and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            assert proc.poll() is None, open(tmp_path / "killed.log").read()[-4000:]
+            assert _kill_run(proc) >= 2
+        killed_requests = len(server.requests)
+        seen = _keys(list(server.requests))
+        step1, step2_partial = seen[:4], seen[4:]
+        assert open(os.path.join(root, "ckpt", "_actor", "latest")).read().strip() == "global_step1"
+
+        resumed = argv + ["--ckpt.load_enable", "--logger.tensorboard_dir", os.path.join(root, "tb_resumed")]
+        log = _launch(resumed, str(tmp_path / "resumed.log"))
+        step2 = _keys(list(server.requests)[killed_requests:])
+
+    # same data position: the resumed step scores the four prompts step 1 had not used (a restarted data loader
+    # would have drawn step 1's prompts again), including those the killed step had already sent to the judge
+    assert len(step2) == 4 and not set(step2) & set(step1) and set(step2_partial) <= set(step2)
+    assert set(step1) | set(step2) == {f"row{i}" for i in range(8)}
+    # same global step: the resumed run trains step 2 only and checkpoints it
+    tb = tensorboard_scalars(os.path.join(root, "tb_resumed"))
+    assert set(tb["train/reward"]) == {2}
+    assert open(os.path.join(root, "ckpt", "_actor", "latest")).read().strip() == "global_step2"
+    assert "Traceback" not in log
+
+
+def test_resume_over_a_torn_checkpoint_falls_back_to_the_previous_complete_tag(tmp_path):
+    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
+    root = world["root"]
+    actor = os.path.join(root, "ckpt", "_actor")
+    with serve_in_thread() as server:
+        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server) + ["--ckpt.max_num", "2"])
+        _launch(argv, str(tmp_path / "run1.log"))
+        first = _keys(list(server.requests))
+        done = len(server.requests)
+        assert sorted(os.listdir(os.path.join(root, "ckpt"))) == [
+            "_actor", "engine_weight_updates.json", "global_step1_hf", "global_step2_hf"]
+
+        torn = os.path.join(actor, "global_step2", "mp_rank_00_model_states.pt")
+        with open(torn, "r+b") as f:
+            f.truncate(os.path.getsize(torn) // 2)  # a save cut short (disk full, killed mid-write, partial copy)
+
+        resumed = launcher_argv(world, classmate=False, num_episodes=2,
+                                extra=_judge_flags(server) + ["--ckpt.max_num", "2", "--ckpt.load_enable",
+                                                              "--logger.tensorboard_dir",
+                                                              os.path.join(root, "tb_resumed")])
+        log = _launch(resumed, str(tmp_path / "run2.log"))
+        again = _keys(list(server.requests)[done:])
+
+    notes = [line for line in log.splitlines() if "is incomplete" in line]
+    assert notes and all(f"{torn} is cut short or corrupt" in line and "resuming from global_step1" in line
+                         for line in notes)
+    assert any(line.startswith("warning: checkpoint") for line in notes)  # the launcher's preflight, before Ray
+    # it resumed from step 1: step 2 is trained again, on step 2's prompts, then episode 2 (steps 3 and 4)
+    tb = tensorboard_scalars(os.path.join(root, "tb_resumed"))
+    assert set(tb["train/reward"]) == {2, 3, 4}
+    assert set(again[:4]) == set(first[4:8])
+    assert open(os.path.join(actor, "latest")).read().strip() == "global_step4"
+    # --ckpt.max_num 2 rotates the DeepSpeed tags (upstream) and now the *_hf folders too
+    assert sorted(d for d in os.listdir(actor) if d.startswith("global_step")) == ["global_step3", "global_step4"]
+    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(root, "ckpt", "*_hf"))) == [
+        "global_step3_hf", "global_step4_hf"]
