@@ -24,6 +24,7 @@ call of limited length still returns its results.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -120,6 +121,9 @@ def validate(name: str, run: Run, engine: str, work: str, out: str, timeout: int
     log = os.path.join(work, f"{name}.launcher.log")
     t0 = time.time()
     code = run_launcher(argv, log, timeout=timeout)
+    if os.path.exists(log):  # the whole log comes back (the console keeps only a tail of a failed run)
+        with open(log, "rb") as src, gzip.open(os.path.join(out, f"{name}.launcher.log.gz"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
     row: dict = {"run": name, "engine": engine, "gpus": run.gpus, "zero": run.zero, "estimator": run.estimator,
                  "flags": " ".join(run.extra), "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
     if code != 0:
