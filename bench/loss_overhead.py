@@ -79,7 +79,7 @@ def make_batch(seqs: int, length: int, device, seed: int = 0):
         classmate_log_probs=torch.where(cot, old.float() - 0.3, float("-inf")), info={},
     )
     experience.to_device(device)
-    log_probs = (old.float() + 0.05 * torch.randn(seqs, length, generator=g).to(device) * mask.to(device))
+    log_probs = old.float().to(device) + 0.05 * torch.randn(seqs, length, generator=g).to(device) * mask.to(device)
     return experience, log_probs.to(torch.bfloat16)
 
 
