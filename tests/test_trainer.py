@@ -141,24 +141,46 @@ def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monke
     from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
     from openrlhf_classmate.integration.trainer import TrainingStopped
 
-    calls = []
+    import torch
+
+    from openrlhf_classmate.integration.args import parse_args
+
+    label = '{"data_source": "arithmetic", "ground_truth": "2"}'
+
+    def batch(valid: float) -> list:
+        return [SimpleNamespace(labels=[label], info={"main_valid": torch.tensor([valid])}) for _ in range(2)]
+
+    bad, good = batch(0.0), batch(1.0)
 
     def fake_step(self, rollout_samples, global_step):
-        calls.append(rollout_samples)
-        if rollout_samples == "bad":
+        if rollout_samples is bad:
             raise AllScoresInvalidError("all 8 main scores of this rollout batch are invalid")
         return {"reward": 1.0}, global_step + 1
 
+    def trainer_with(limit: int):
+        trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+        trainer.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
+                                   "--classmate.stop_after_invalid_steps", str(limit)])
+        trainer.classmate_stage, trainer.judge_client = None, None
+        return trainer
+
+    def counters(status: dict) -> dict:
+        return {k: v for k, v in status.items() if not k.startswith(("judge/", "reward/"))}
+
     monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", fake_step)
-    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
-    trainer.args = SimpleNamespace(classmate=SimpleNamespace(stop_after_invalid_steps=3))
-    assert trainer.train_step("bad", 0) == ({"skipped_invalid_step": 1.0}, 1)
-    assert trainer.train_step("bad", 1) == ({"skipped_invalid_step": 1.0}, 2)
+    trainer = trainer_with(3)
+    status, step = trainer.train_step(bad, 0)
+    assert (counters(status), step) == ({"skipped_invalid_step": 1.0}, 1)
+    assert status["reward/main_valid_fraction"] == 0.0  # the skipped step still reports its judge health
+    assert (counters(trainer.train_step(bad, 1)[0]), trainer.train_step(good, 1)[1]) == ({"skipped_invalid_step": 1.0}, 2)
+    trainer = trainer_with(3)
+    trainer.train_step(bad, 0)
+    trainer.train_step(bad, 1)
     with pytest.raises(TrainingStopped, match="in each of the first 3 steps.*stop_after_invalid_steps"):
-        trainer.train_step("bad", 2)
+        trainer.train_step(bad, 2)
     # once a step had valid scores, later all-invalid steps are skipped, never fatal
-    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
-    trainer.args = SimpleNamespace(classmate=SimpleNamespace(stop_after_invalid_steps=1))
-    assert trainer.train_step("good", 0) == ({"reward": 1.0, "skipped_invalid_step": 0.0}, 1)
+    trainer = trainer_with(1)
+    status, step = trainer.train_step(good, 0)
+    assert (counters(status), step) == ({"reward": 1.0, "skipped_invalid_step": 0.0}, 1)
     for step in range(1, 5):
-        assert trainer.train_step("bad", step)[0] == {"skipped_invalid_step": 1.0}
+        assert counters(trainer.train_step(bad, step)[0]) == {"skipped_invalid_step": 1.0}
