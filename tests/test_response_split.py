@@ -210,7 +210,9 @@ def test_pieces_that_read_as_a_close_tag_are_not_one(bpe_world):
     assert tok.decode(response, skip_special_tokens=True).split("</think>")[1].strip() == "3"  # what text saw
     split = ThinkFormat.of(tok, stop_ids=bpe_world.stops("qwen3")).split([], response)
     assert split.status == "unclosed" and decoded_answer(tok, response, split) is None
-    assert split_response_ids(response, open_id, close_id, bpe_world.stops("qwen3")).cot_end == len(response) - 1
+    split = split_response_ids(response, think_open_id=open_id, think_close_id=close_id,
+                               stop_ids=bpe_world.stops("qwen3"))
+    assert split.cot_end == len(response) - 1
 
 
 def test_whole_response_mode_scores_the_whole_response_in_the_engine(bpe_world, monkeypatch):

@@ -36,6 +36,7 @@ def combine_classmate_scores(
     scores: torch.Tensor,
     valid: torch.Tensor,
     main_rewards: torch.Tensor,
+    *,
     weights: Sequence[float] | None = None,
     lam: float = 1.0,
     condition: str = "always",

@@ -44,6 +44,7 @@ def _openrlhf_aggregate_loss():
 def aggregate(
     loss: torch.Tensor,
     mask: torch.Tensor | None,
+    *,
     mode: str,
     dp_size: int = 1,
     batch_num_tokens: float | torch.Tensor | None = None,
@@ -121,6 +122,7 @@ def policy_ratio(
     old_log_probs: torch.Tensor,
     action_mask: torch.Tensor | None,
     rollout_log_probs: torch.Tensor | None = None,
+    *,
     policy_loss_type: str = "ppo",
     is_correction: bool = False,
 ) -> torch.Tensor:
@@ -140,6 +142,7 @@ def is_correction_weight(
     old_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     action_mask: torch.Tensor | None,
+    *,
     level: str,
     mode: str = "mask",
     gating: str = "ratio",
@@ -221,24 +224,32 @@ def _check_same_shape(name: str, x: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 class _ClassmateLoss(torch.nn.Module):
-    """What both classmate losses share: clip ranges of both terms, aggregation, ratio type and IS correction."""
+    """What both classmate losses share: clip ranges of both terms, aggregation, ratio type and IS correction.
+
+    The constructor is the one of both losses. ``clip_eps_low`` / ``clip_eps_high`` (ε_lo, ε_hi) and ``dual_clip``
+    clip the main term as in upstream's ``PolicyLoss`` (and take its defaults); ``classmate_*`` clip the classmate
+    term; ``loss_agg_mode`` is one of :data:`LOSS_AGG_MODES` (``max_response_len`` and ``ref_micro_batch_size`` are
+    read by ``seq-mean-token-sum-norm`` only, see :func:`aggregate`); ``policy_loss_type`` and ``is_correction_*``
+    are upstream's ratio and rollout-correction options (module docstring).
+    """
 
     def __init__(
         self,
-        clip_eps_low: float,
-        clip_eps_high: float,
-        dual_clip: float | None,
-        classmate_clip_eps_low: float,
-        classmate_clip_eps_high: float,
-        classmate_dual_clip: float | None,
-        loss_agg_mode: str,
-        max_response_len: int | None,
-        ref_micro_batch_size: float | None,
-        policy_loss_type: str,
-        is_correction_level: str,
-        is_correction_mode: str,
-        is_correction_gating: str,
-        is_correction_threshold: tuple[float, float],
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        *,
+        dual_clip: float | None = None,
+        classmate_clip_eps_low: float = 0.4,
+        classmate_clip_eps_high: float = 0.4,
+        classmate_dual_clip: float | None = None,
+        loss_agg_mode: str = "token-mean",
+        max_response_len: int | None = None,
+        ref_micro_batch_size: float | None = None,
+        policy_loss_type: str = "ppo",
+        is_correction_level: str = "off",
+        is_correction_mode: str = "mask",
+        is_correction_gating: str = "ratio",
+        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
     ) -> None:
         super().__init__()
         if loss_agg_mode not in LOSS_AGG_MODES:
@@ -270,18 +281,19 @@ class _ClassmateLoss(torch.nn.Module):
         correcting = self.is_correction_level != "off"
         if correcting and rollout_log_probs is None:
             raise ValueError(f"is_correction_level={self.is_correction_level} needs rollout_log_probs")
-        return policy_ratio(log_probs, old_log_probs, action_mask, rollout_log_probs, self.policy_loss_type,
-                            correcting)
+        return policy_ratio(log_probs, old_log_probs, action_mask, rollout_log_probs,
+                            policy_loss_type=self.policy_loss_type, is_correction=correcting)
 
     def _is_weight(self, old_log_probs, rollout_log_probs, action_mask):
         """(w, is_filter_ratio, vllm_kl), or (None, None, None) where upstream applies no weight (off, or gspo)."""
         if self.is_correction_level == "off" or self.policy_loss_type != "ppo":
             return None, None, None
-        return is_correction_weight(old_log_probs, rollout_log_probs, action_mask, self.is_correction_level,
-                                    self.is_correction_mode, self.is_correction_gating, self.is_correction_threshold)
+        return is_correction_weight(old_log_probs, rollout_log_probs, action_mask, level=self.is_correction_level,
+                                    mode=self.is_correction_mode, gating=self.is_correction_gating,
+                                    threshold=self.is_correction_threshold)
 
     def _aggregate(self, loss: torch.Tensor, action_mask, dp_size, batch_num_tokens, global_batch_size):
-        return aggregate(loss, action_mask, self.loss_agg_mode, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
+        return aggregate(loss, action_mask, mode=self.loss_agg_mode, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
                          global_batch_size=global_batch_size, max_response_len=self.max_response_len,
                          ref_micro_batch_size=self.ref_micro_batch_size)
 
@@ -299,55 +311,34 @@ class SeparatedPolicyLoss(_ClassmateLoss):
     The returned ``clip_ratio`` is the main term's (openrlhf's definition: surr2 < surr1).
     """
 
-    def __init__(
-        self,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        dual_clip: float | None = None,
-        classmate_clip_eps_low: float = 0.4,
-        classmate_clip_eps_high: float = 0.4,
-        classmate_dual_clip: float | None = None,
-        loss_agg_mode: str = "token-mean",
-        max_response_len: int | None = None,
-        ref_micro_batch_size: float | None = None,
-        policy_loss_type: str = "ppo",
-        is_correction_level: str = "off",
-        is_correction_mode: str = "mask",
-        is_correction_gating: str = "ratio",
-        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
-    ) -> None:
-        super().__init__(clip_eps_low, clip_eps_high, dual_clip, classmate_clip_eps_low, classmate_clip_eps_high,
-                         classmate_dual_clip, loss_agg_mode, max_response_len, ref_micro_batch_size,
-                         policy_loss_type, is_correction_level, is_correction_mode, is_correction_gating,
-                         is_correction_threshold)
-
     def _token_terms(self, ratio, advantages, classmate_advantages):
-        main_tok, main_clipped = _ppo_token_loss(
+        main_token_loss, main_clipped = _ppo_token_loss(
             ratio, advantages, self.clip_eps_low, self.clip_eps_high, self.dual_clip
         )
-        cm_tok, cm_clipped = _ppo_token_loss(
+        classmate_token_loss, classmate_clipped = _ppo_token_loss(
             ratio,
             classmate_advantages,
             self.classmate_clip_eps_low,
             self.classmate_clip_eps_high,
             self.classmate_dual_clip,
         )
-        return main_tok, cm_tok, main_clipped, cm_clipped
+        return main_token_loss, classmate_token_loss, main_clipped, classmate_clipped
 
     def token_loss(
         self,
         log_probs: torch.Tensor,
         old_log_probs: torch.Tensor,
         advantages: torch.Tensor,
+        *,
         classmate_advantages: torch.Tensor,
         action_mask: torch.Tensor | None = None,
         rollout_log_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-token loss [B, T] before aggregation (main term + classmate term, IS weight applied)."""
         ratio = self._ratio(log_probs, old_log_probs, action_mask, rollout_log_probs)
-        main_tok, cm_tok, _, _ = self._token_terms(ratio, advantages, classmate_advantages)
+        main_token_loss, classmate_token_loss, _, _ = self._token_terms(ratio, advantages, classmate_advantages)
         weight, _, _ = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
-        total = main_tok + cm_tok
+        total = main_token_loss + classmate_token_loss
         return total if weight is None else weight * total
 
     def forward(
@@ -366,22 +357,24 @@ class SeparatedPolicyLoss(_ClassmateLoss):
         _check_same_shape("advantages", advantages, log_probs)
         _check_same_shape("classmate_advantages", classmate_advantages, log_probs)
         ratio = self._ratio(log_probs, old_log_probs, action_mask, rollout_log_probs)
-        main_tok, cm_tok, main_clipped, cm_clipped = self._token_terms(ratio, advantages, classmate_advantages)
+        main_token_loss, classmate_token_loss, main_clipped, classmate_clipped = self._token_terms(
+            ratio, advantages, classmate_advantages
+        )
         weight, filter_ratio, vllm_kl = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
         if weight is not None:
-            main_tok, cm_tok = weight * main_tok, weight * cm_tok
+            main_token_loss, classmate_token_loss = weight * main_token_loss, weight * classmate_token_loss
         batch_info = (dp_size, batch_num_tokens, global_batch_size)
         # aggregate() is linear, so this equals aggregating the summed per-token loss.
-        main_loss = self._aggregate(main_tok, action_mask, *batch_info)
-        cm_loss = self._aggregate(cm_tok, action_mask, *batch_info)
-        loss = main_loss + cm_loss
+        main_loss = self._aggregate(main_token_loss, action_mask, *batch_info)
+        classmate_loss = self._aggregate(classmate_token_loss, action_mask, *batch_info)
+        loss = main_loss + classmate_loss
         clip_ratio = _masked_mean(main_clipped.float(), action_mask)
         ppo_kl = _masked_mean(-(log_probs - old_log_probs).detach(), action_mask)
         self.last_stats = {
             "main_loss": main_loss.detach(),
-            "classmate_loss": cm_loss.detach(),
+            "classmate_loss": classmate_loss.detach(),
             "main_clip_ratio": clip_ratio.detach(),
-            "classmate_clip_ratio": _masked_mean(cm_clipped.float(), action_mask).detach(),
+            "classmate_clip_ratio": _masked_mean(classmate_clipped.float(), action_mask).detach(),
             "ppo_kl": ppo_kl,
         }
         return loss, clip_ratio, ppo_kl, vllm_kl, filter_ratio
@@ -420,55 +413,50 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
         self,
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
+        *,
         dual_clip: float | None = 3.0,
-        classmate_clip_eps_low: float = 0.4,
-        classmate_clip_eps_high: float = 0.4,
         classmate_dual_clip: float | None = 3.0,
         loss_agg_mode: str = "seq-mean-token-sum-norm",
-        max_response_len: int | None = None,
-        ref_micro_batch_size: float | None = None,
         policy_loss_type: str = "ppo",
-        is_correction_level: str = "off",
-        is_correction_mode: str = "mask",
-        is_correction_gating: str = "ratio",
-        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
+        **options,
     ) -> None:
+        """The reference's defaults (C = C_c = 3, ``seq-mean-token-sum-norm``); ``options`` as for
+        :class:`SeparatedPolicyLoss` (the shared constructor)."""
         if policy_loss_type != "ppo":
             raise ValueError("the vanilla_classmate loss is token-level (two per-token ratios); policy_loss_type "
                              f"{policy_loss_type!r} is not defined for it")
         if dual_clip is not None and classmate_dual_clip is None:
             raise ValueError("classmate_dual_clip must be set when dual_clip is set (v3 needs both constants)")
-        super().__init__(clip_eps_low, clip_eps_high, dual_clip, classmate_clip_eps_low, classmate_clip_eps_high,
-                         classmate_dual_clip, loss_agg_mode, max_response_len, ref_micro_batch_size,
-                         policy_loss_type, is_correction_level, is_correction_mode, is_correction_gating,
-                         is_correction_threshold)
+        super().__init__(clip_eps_low, clip_eps_high, dual_clip=dual_clip, classmate_dual_clip=classmate_dual_clip,
+                         loss_agg_mode=loss_agg_mode, policy_loss_type=policy_loss_type, **options)
 
     def _token_terms(self, log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask):
-        m = cot_mask.bool()
+        cot = cot_mask.bool()
         old = old_log_probs.detach()
         delta = (log_probs - old_log_probs).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP)
         r = delta.exp()
         r_clip = r.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high)
-        cl = torch.where(m, classmate_log_probs.detach().to(old.dtype), old)
-        c = (cl - old).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
+        classmate_lp = torch.where(cot, classmate_log_probs.detach().to(old.dtype), old)
+        c = (classmate_lp - old).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
         c_clip = c.clamp(1 - self.classmate_clip_eps_low, 1 + self.classmate_clip_eps_high)
         a_m = advantages
-        a_c = torch.where(m, classmate_advantages, classmate_advantages.new_zeros(()))
+        a_c = torch.where(cot, classmate_advantages, classmate_advantages.new_zeros(()))
 
         v1 = r * a_m + c * a_c
         v2 = r_clip * a_m + c_clip * a_c
-        loss_tok = torch.max(-v1, -v2)
+        per_token = torch.max(-v1, -v2)
         if self.dual_clip is not None:
             v3 = self.dual_clip * a_m + self.classmate_dual_clip * a_c
-            loss_tok = torch.where(v2 < 0, torch.min(-v3, loss_tok), loss_tok)
+            per_token = torch.where(v2 < 0, torch.min(-v3, per_token), per_token)
 
-        return loss_tok, (r, r_clip, c, c_clip, delta, m)
+        return per_token, (r, r_clip, c, c_clip, delta, cot)
 
     def token_loss(
         self,
         log_probs: torch.Tensor,
         old_log_probs: torch.Tensor,
         advantages: torch.Tensor,
+        *,
         classmate_advantages: torch.Tensor,
         classmate_log_probs: torch.Tensor,
         cot_mask: torch.Tensor,
@@ -476,11 +464,11 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
         rollout_log_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-token loss L [B, T] of §6.1 before aggregation (times the IS weight when correction is on)."""
-        loss_tok, _ = self._token_terms(
+        per_token, _ = self._token_terms(
             log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
         )
         weight, _, _ = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
-        return loss_tok if weight is None else weight * loss_tok
+        return per_token if weight is None else weight * per_token
 
     def forward(
         self,
@@ -506,20 +494,20 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
             _check_same_shape(name, x, log_probs)
         if self.is_correction_level != "off" and rollout_log_probs is None:
             raise ValueError(f"is_correction_level={self.is_correction_level} needs rollout_log_probs")
-        loss_tok, terms = self._token_terms(
+        per_token, terms = self._token_terms(
             log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
         )
         weight, filter_ratio, vllm_kl = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
         if weight is not None:
-            loss_tok = weight * loss_tok
-        r, r_clip, c, c_clip, delta, m = terms
-        loss = self._aggregate(loss_tok, action_mask, dp_size, batch_num_tokens, global_batch_size)
+            per_token = weight * per_token
+        r, r_clip, c, c_clip, delta, cot = terms
+        loss = self._aggregate(per_token, action_mask, dp_size, batch_num_tokens, global_batch_size)
         clip_ratio = _masked_mean((r != r_clip).float(), action_mask).detach()
         ppo_kl = _masked_mean(-delta.detach(), action_mask)
         self.last_stats = {
             "loss": loss.detach(),
             "main_clip_ratio": clip_ratio,
-            "classmate_clip_ratio": _masked_mean((c != c_clip).float(), m).detach(),
+            "classmate_clip_ratio": _masked_mean((c != c_clip).float(), cot).detach(),
             "ppo_kl": ppo_kl,
         }
         return loss, clip_ratio, ppo_kl, vllm_kl, filter_ratio

@@ -71,6 +71,7 @@ def stop_id_set(stop_ids: int | Collection[int] | None) -> frozenset[int]:
 
 def split_response_ids(
     response_ids: Sequence[int] | torch.Tensor,
+    *,
     think_open_id: int | None,
     think_close_id: int | None,
     stop_ids: int | Collection[int] | None = None,
@@ -129,7 +130,7 @@ def _check_response_mask(response_ids: torch.Tensor, response_mask: torch.Tensor
     return valid
 
 
-def prompt_opens_think(prompt_ids, think_open_id: int, think_close_id: int) -> bool:
+def prompt_opens_think(prompt_ids, *, think_open_id: int, think_close_id: int) -> bool:
     """True when a prompt ends inside a think block: its last ``think_open_id`` comes after its last
     ``think_close_id`` (the template opened the CoT, so the response starts inside it). Token ids, not text, so a
     closed think block of an earlier turn or a tag-like string in the user's message does not count."""
@@ -142,6 +143,7 @@ def prompt_opens_think(prompt_ids, think_open_id: int, think_close_id: int) -> b
 def cot_mask(
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
+    *,
     think_open_id: int | None,
     think_close_id: int,
     stop_ids: int | Collection[int] | None = None,
@@ -158,7 +160,8 @@ def cot_mask(
     lengths = valid.sum(dim=1).tolist()
     inside = [False] * batch if starts_in_think is None else starts_in_think.bool().tolist()
     stops = stop_id_set(stop_ids)
-    splits = [split_response_ids(row[:n], think_open_id, think_close_id, stops, opened)
+    splits = [split_response_ids(row[:n], think_open_id=think_open_id, think_close_id=think_close_id, stop_ids=stops,
+                                 starts_in_think=opened)
               for row, n, opened in zip(response_ids.tolist(), lengths, inside, strict=True)]
     device = response_ids.device
     start = torch.tensor([sp.cot_start for sp in splits], dtype=torch.long, device=device)
@@ -186,6 +189,7 @@ def think_token_ids(tokenizer, think_open: str = "<think>", think_close: str = "
 
 def truncate_cot(
     spans: CotSpans,
+    *,
     mode: str,
     keep_min: float = 0.1,
     keep_max: float = 0.9,

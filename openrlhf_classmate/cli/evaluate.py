@@ -169,7 +169,8 @@ def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwa
         else:
             text = "\n".join(str(m.get("content", "")) for m in row.messages)
         ids.append(list(tokenizer.encode(text, add_special_tokens=False)))
-        opened.append(think_ids is not None and prompt_opens_think(ids[-1], *think_ids))
+        opened.append(think_ids is not None
+                      and prompt_opens_think(ids[-1], think_open_id=think_ids[0], think_close_id=think_ids[1]))
     return ids, opened
 
 
@@ -181,7 +182,8 @@ def split_response(token_ids: list[int], tokenizer, open_id: int | None, close_i
     from openrlhf_classmate.algo.response_split import decoded_answer, decoded_cot
     from openrlhf_classmate.algo.spans import split_response_ids
 
-    split = split_response_ids(token_ids, open_id, close_id, stop_ids, starts_in_think=opened)
+    split = split_response_ids(token_ids, think_open_id=open_id, think_close_id=close_id, stop_ids=stop_ids,
+                               starts_in_think=opened)
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
     if close_id is None:
         return {"response": text, "cot": None, "cot_ids": None, "answer": decoded_answer(tokenizer, token_ids, split),
@@ -372,7 +374,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     open_id = close_id = None
     if not args.no_think:
         try:
-            open_id, close_id = think_token_ids(tokenizer, args.think_open, args.think_close)
+            open_id, close_id = think_token_ids(tokenizer, think_open=args.think_open, think_close=args.think_close)
         except ValueError as e:
             raise EvaluationError(f"{e}; set --think-open/--think-close, or --no-think for a model without a think "
                                   "block") from None
@@ -475,7 +477,8 @@ def _run_classmate(args, generator_factory, main_tokenizer, rows, records, split
     messages = [rows[r["prompt_index"]].label.get("messages") or rows[r["prompt_index"]].messages for r in records]
     try:
         inputs = build_classmate_inputs(tokenizer, messages, [s["cot_ids"] for s in splits], main_tokenizer,
-                                        args.classmate_prompt_mode, args.think_open, args.think_close,
+                                        mode=args.classmate_prompt_mode, think_open=args.think_open,
+                                        think_close=args.think_close,
                                         max_context=max_context, max_new_tokens=args.classmate_max_new_tokens)
     except ValueError as e:
         raise EvaluationError(f"--classmate {args.classmate}: {e}") from None

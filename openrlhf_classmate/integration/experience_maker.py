@@ -210,8 +210,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             upstream.pop("main_rewards"),
             result.reward.double(),
             group,
-            action_masks,
-            cot,
+            response_mask=action_masks,
+            cot_mask=cot,
             token_mode=cfg.token_mode,
             main_valid=main_valid,
             classmate_valid=result.valid,
@@ -232,8 +232,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
-        out = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, action_masks,
-                                 torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
+        out = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, response_mask=action_masks,
+                                 cot_mask=torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
         for exp in experiences:
             index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
             exp.advantages = out["advantages"][index, :width].to(exp.advantages.dtype)
@@ -281,8 +281,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         main_rewards = torch.zeros(len(samples))
         for exp in experiences:
             main_rewards[torch.tensor(exp.index)] = exp.rewards.float()
-        main_std = group_std(main_rewards, group, main_valid)
-        classmate_std = group_std(result.reward, group, result.valid)
+        main_std = group_std(main_rewards, group, valid=main_valid)
+        classmate_std = group_std(result.reward, group, valid=result.valid)
         reward = _broadcast_valid_mean(result.reward, result.valid)
         raw = _broadcast_valid_mean(result.raw_mean, result.valid)
         cot_logprob = None
