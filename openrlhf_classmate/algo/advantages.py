@@ -1,4 +1,7 @@
-"""Group-normalised advantages for the classmate estimators (classmate_method.md §5, §12.2, §13, §14.1).
+"""Group-normalised advantages for the classmate estimators.
+
+Spec: classmate_method.md §5 (the reference's estimators), §13 (HEAD's grpo_w_classmate and gdpo), §14.1; its worked
+example (§12.2) is in ``tests/test_advantages.py``. Every formula the code implements is written out below.
 
 Notation (per response i of a prompt group g): R^m = main reward, R^c = classmate reward, v = response mask,
 m = CoT mask (only its valid tokens are used: m := m ∧ v), ok^m / ok^c = validity of the main / classmate score

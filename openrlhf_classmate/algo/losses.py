@@ -54,21 +54,28 @@ def aggregate(
 ) -> torch.Tensor:
     """Reduce a per-token loss [B, T] to the scalar that is backpropagated for one micro-batch.
 
+    With v the mask, the three modes are, over the sequences i and tokens t of the whole optimizer step:
+
+        token-mean                Σ_{i,t} L·v / Σ_{i,t} v
+        seq-mean-token-mean       mean_i ( Σ_t L·v / Σ_t v )
+        seq-mean-token-sum-norm   Σ_i Σ_t L·v / T                (a sum over sequences, not a mean)
+
     ``token-mean`` and ``seq-mean-token-mean`` are openrlhf's ``aggregate_loss`` (token_level_loss True / False),
     which turn ``loss_batch_info`` into one global mean per optimizer step.
 
-    ``seq-mean-token-sum-norm`` (classmate_method.md §6.2, for reproducing the reference runs). With T =
+    ``seq-mean-token-sum-norm`` is the reference's aggregation (spec: classmate_method.md §6.2), for reproducing the
+    reference runs. With T =
     ``max_response_len`` if given, else ``mask.shape[1]`` (the reference pads every rollout to
     ``max_response_length``, so pass it to reproduce the reference scale):
 
-    * without ``global_batch_size``: ``Σ_i Σ_t L·v / T`` (a sum over the micro-batch's sequences, as in §6.2;
-      0.611281 on §12.3).
+    * without ``global_batch_size``: ``Σ_i Σ_t L·v / T`` (a sum over the micro-batch's sequences, as in the
+      reference; 0.611281 on the spec's two-sequence worked example, §12.3, in ``tests/test_losses.py``).
     * with ``loss_batch_info``: ``Σ_i Σ_t L·v / T · dp_size · C / global_batch_size``, C = ``ref_micro_batch_size``
       (default ``global_batch_size / dp_size``).
 
     Why: the reference backpropagates ``Σ_{i∈micro} Σ_t L·v / T`` per micro-batch scaled by 1/GA and averages
     gradients over W ranks, so its per-optimizer-step objective is ``Σ_{i∈step} Σ_t L·v · C / (T · N)`` with N the
-    sequences in the step and C = N / (GA · W) its micro-batch size (§6.2). In openrlhf, DeepSpeed also divides
+    sequences in the step and C = N / (GA · W) its micro-batch size (spec §6.2). In openrlhf, DeepSpeed also divides
     every micro-batch loss by gas (``engine.backward``, ``scale_wrt_gas=True``) and DDP/ZeRO averages over the
     ``dp_size`` ranks, while ``iter_grad_accum_global_norm`` passes ``global_batch_size = N / gas`` (N = non-empty
     sequences of the whole window, all ranks); the dynamic-batch path passes N with gas = 1. Backpropagating
@@ -299,10 +306,15 @@ class _ClassmateLoss(torch.nn.Module):
 
 
 class SeparatedPolicyLoss(_ClassmateLoss):
-    """Two clipped PPO terms with the same ratio, mask, IS weight and aggregation
-    (openrlhf_0.11.2_extension.md §3(c)):
+    """Two clipped PPO terms with the same ratio, mask, IS weight and aggregation (the "separated" objective;
+    spec: openrlhf_0.11.2_extension.md §3(c)):
 
         L = w · PPO(r, A^m; ε_lo, ε_hi, dual_clip) + w · PPO(r, A^c; ε^c_lo, ε^c_hi, classmate_dual_clip)
+
+    with upstream's per-token clipped PPO term, r̄ = clamp(r, 1-ε_lo, 1+ε_hi):
+
+        PPO(r, A; ε_lo, ε_hi, C) = max(-r·A, -r̄·A)                  where A ≥ 0, or C is None
+                                 = min(-C·A, max(-r·A, -r̄·A))       where A < 0 (dual clip)
 
     ``advantages`` are the main advantages A^m·v; ``classmate_advantages`` are A^c·m (or A^c·v); r and w as in the
     module docstring. Each term gets the gradient of its own advantage, so the classmate stream really trains the
@@ -381,7 +393,8 @@ class SeparatedPolicyLoss(_ClassmateLoss):
 
 
 class VanillaClassmatePolicyLoss(_ClassmateLoss):
-    """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (classmate_method.md §6.1), exactly.
+    """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (spec: classmate_method.md §6.1),
+    exactly.
 
     Per token, with ``r = exp(clamp(ℓθ - ℓold, ±20))``, ``c = exp(clamp(ℓcl - ℓold, ±20))`` (ℓcl = the classmate's
     log-prob of the main model's CoT token), ``r̄ = clamp(r, 1-ε_lo, 1+ε_hi)``, ``c̄ = clamp(c, 1-ε^c_lo, 1+ε^c_hi)``
@@ -392,13 +405,14 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
         L  = min(-v3, L1) where v2 < 0, else L1          (dual clip on the sign of v2; skipped if dual_clip is None)
 
     multiplied by upstream's rollout IS weight w when ``is_correction_level`` is on (module docstring), and
-    aggregated with ``loss_agg_mode`` (default ``seq-mean-token-sum-norm``, §6.2) over the response mask. The ratio
+    aggregated with ``loss_agg_mode`` (default ``seq-mean-token-sum-norm``, see :func:`aggregate`) over the response mask. The ratio
     is token-level: ``policy_loss_type="gspo"`` has no meaning for the two-ratio form and is refused.
 
     **The classmate advantage never contributes a gradient of its own.** c, c̄, A^c and v3 do not depend on θ
     (ℓcl comes from the classmate engine and ℓold is stored), so ∂L/∂ℓθ is -A^m·r on the v1 branch and on the v2
     branch with r inside the clip range, and 0 otherwise. A^c only changes which branch is active per CoT token and
-    adds constants to the reported loss (§6.1 "gradient fact", §11.1, §12.3); ``token_mode`` has no effect on the
+    adds constants to the reported loss (spec §6.1, §11.1; in the worked example of §12.3, checked in
+    ``tests/test_losses.py``, plain PPO clips a token that this loss does not); ``token_mode`` has no effect on the
     update. Use it to reproduce the reference runs; ``SeparatedPolicyLoss`` gives the classmate stream a gradient.
 
     ``classmate_log_probs`` may be -inf (or anything) outside the CoT: it is replaced by ℓold there before the
@@ -463,7 +477,8 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
         action_mask: torch.Tensor | None = None,
         rollout_log_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Per-token loss L [B, T] of §6.1 before aggregation (times the IS weight when correction is on)."""
+        """Per-token loss L [B, T] of the class docstring before aggregation (times the IS weight when correction
+        is on)."""
         per_token, _ = self._token_terms(
             log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
         )
