@@ -225,10 +225,12 @@ def test_training_and_evaluation_agree_on_a_template_that_opens_think():
     tok = build_word_tokenizer(["1", "2", "3", "+", "="], chat_template=default_chat_template(think_in_template=True))
     open_id, close_id = think_token_ids(tok)
     rows = [Row(messages=[{"role": "user", "content": "1 + 2 ="}], label={})]
-    prompt_ids, opened = render_prompts(tok, rows, True, {}, (open_id, close_id))
+    prompt_ids, opened = render_prompts(tok, rows, chat_template=True, template_kwargs={},
+                                       think_ids=(open_id, close_id))
     assert opened == [True]
     response = tok.encode("1 + 2 = 3 </think> 3", add_special_tokens=False) + [tok.eos_token_id]
-    split = split_response(response, tok, open_id, close_id, opened[0], tok.eos_token_id)
+    split = split_response(response, tok, open_id=open_id, close_id=close_id, starts_in_think=opened[0],
+                           stop_ids=tok.eos_token_id)
     spans = cot_mask(torch.tensor([response]), torch.ones(1, len(response)), think_open_id=open_id,
                      think_close_id=close_id, stop_ids=tok.eos_token_id, starts_in_think=torch.tensor(opened))
     cot_ids = [t for t, m in zip(response, spans.mask[0].tolist()) if m]

@@ -53,7 +53,7 @@ class RewardHook(Protocol):
         ...
 
 
-def _pad_rows(rows: list[torch.Tensor], fill) -> torch.Tensor:
+def _pad_rows(rows: list[torch.Tensor], *, fill) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
     out = torch.full((len(rows), width), fill, dtype=rows[0].dtype if rows else torch.float32)
     for i, r in enumerate(rows):
@@ -61,7 +61,7 @@ def _pad_rows(rows: list[torch.Tensor], fill) -> torch.Tensor:
     return out
 
 
-def to_action_space(sample, per_response: torch.Tensor, fill) -> torch.Tensor:
+def to_action_space(sample, per_response: torch.Tensor, *, fill) -> torch.Tensor:
     """Place a response-space row [R] into the sample's action space [A] (``action_mask`` marks the response)."""
     action = sample.action_mask[0].bool()
     out = torch.full(action.shape, fill, dtype=per_response.dtype)
@@ -206,8 +206,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         (for the metrics)."""
         cfg = self.args.classmate
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
-        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
-        cot_masks = _pad_rows([to_action_space(s, c, False) for s, c in zip(samples, result.cot)], False)
+        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
+        cot_masks = _pad_rows([to_action_space(s, c, fill=False) for s, c in zip(samples, result.cot)], fill=False)
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
         shaping = {"main_rewards": upstream["main_rewards"], "kl_return": upstream["kl_return"],
                    "response": action_masks}
@@ -235,7 +235,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                 ok = main_valid[torch.tensor(exp.index)].unsqueeze(1)
                 exp.advantages = torch.where(ok, exp.advantages, torch.zeros_like(exp.advantages))
             return
-        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
+        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
         masked = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, response_mask=action_masks,
@@ -251,8 +251,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         log_probs = None
         if result.classmate_log_probs is not None:
             log_probs = _pad_rows(
-                [to_action_space(s, lp, float("-inf")) for s, lp in zip(samples, result.classmate_log_probs)],
-                float("-inf"),
+                [to_action_space(s, lp, fill=float("-inf")) for s, lp in zip(samples, result.classmate_log_probs)],
+                fill=float("-inf"),
             )
         for exp in experiences:
             index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
