@@ -31,7 +31,7 @@ Truncation (``truncate_cot``) keeps a prefix ``[start, start + floor(keep * leng
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -49,6 +49,7 @@ class ResponseSplit:
     cot_end: int
     answer_start: int
     answer_end: int
+    _: KW_ONLY
     status: str
     stopped: bool
 
@@ -83,19 +84,19 @@ def split_response_ids(
     stopped = bool(ids) and ids[-1] in stop_id_set(stop_ids)
     body = len(ids) - int(stopped)
     if think_close_id is None:
-        return ResponseSplit(0, 0, 0, body, "no_think", stopped)
+        return ResponseSplit(0, 0, 0, body, status="no_think", stopped=stopped)
     if think_open_id is None or starts_in_think:
         start = 0
     else:
         try:
             start = ids.index(think_open_id, 0, body) + 1
         except ValueError:
-            return ResponseSplit(0, body, body, body, "unopened", stopped)
+            return ResponseSplit(0, body, body, body, status="unopened", stopped=stopped)
     try:
         close = ids.index(think_close_id, start, body)
     except ValueError:
-        return ResponseSplit(start, body, body, body, "unclosed", stopped)
-    return ResponseSplit(start, close, close + 1, body, "answer", stopped)
+        return ResponseSplit(start, body, body, body, status="unclosed", stopped=stopped)
+    return ResponseSplit(start, close, close + 1, body, status="answer", stopped=stopped)
 
 
 @dataclass
