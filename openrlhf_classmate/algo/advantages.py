@@ -278,16 +278,16 @@ def compute_advantages(
     _check_group_sizes(inverse, num_groups, baseline)
     out_dtype = _out_dtype(main_rewards)
     # R^m and R^c in float64, 0 where the score is invalid (those entries never enter the statistics).
-    main_reward = torch.where(main_ok, main_rewards.double(), 0.0)
-    classmate_reward = torch.where(classmate_ok, classmate_rewards.double(), 0.0)
+    valid_main_rewards = torch.where(main_ok, main_rewards.double(), 0.0)
+    valid_classmate_rewards = torch.where(classmate_ok, classmate_rewards.double(), 0.0)
 
     def clip(x: torch.Tensor) -> torch.Tensor:
         return x if main_clip is None else x.clamp(min=float(main_clip[0]), max=float(main_clip[1]))
 
     # A^m and A^c per response, in float64 for the arithmetic below ...
-    main_scalar_f64, _ = _baseline(main_reward, inverse, num_groups, main_ok, baseline, eps)
+    main_scalar_f64, _ = _baseline(valid_main_rewards, inverse, num_groups, main_ok, baseline, eps)
     main_scalar_f64 = clip(main_scalar_f64)
-    classmate_scalar_f64, _ = _baseline(classmate_reward, inverse, num_groups, classmate_ok, baseline, eps)
+    classmate_scalar_f64, _ = _baseline(valid_classmate_rewards, inverse, num_groups, classmate_ok, baseline, eps)
     if estimator == "separated_non_neg":
         # A^c := max(A^c, 0): a classmate that fails does not penalise the main model (spec §5.3)
         classmate_scalar_f64 = classmate_scalar_f64.clamp(min=0.0)
@@ -299,7 +299,7 @@ def compute_advantages(
     if estimator in ("grpo", "grpo_w_classmate"):
         # A^comb = clip(b(R^m + R^c)) where both scores are valid; A^m elsewhere.
         combined_scalar, defined = _baseline(
-            main_reward + classmate_reward, inverse, num_groups, main_ok & classmate_ok, baseline, eps
+            valid_main_rewards + valid_classmate_rewards, inverse, num_groups, main_ok & classmate_ok, baseline, eps
         )
         combined_scalar = torch.where(defined, clip(combined_scalar), main_scalar_f64).to(out_dtype)
         result["combined_scalar"] = combined_scalar
