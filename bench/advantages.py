@@ -131,7 +131,7 @@ def timed(fn, repeats: int, device: str) -> tuple[float, object]:
 
 
 def vectorised(estimator, main, cm, groups, resp, cot, token_mode, std_norm, valid):
-    return compute_advantages(estimator, main, cm, groups, resp, cot, token_mode=token_mode,
+    return compute_advantages(estimator, main, cm, groups, response_mask=resp, cot_mask=cot, token_mode=token_mode,
                               baseline="group_norm" if std_norm else "dr_grpo", classmate_valid=valid)
 
 

@@ -37,8 +37,8 @@ def _base(std_norm: bool) -> str:
 
 
 def _run(estimator, token_mode="classmate_partial", std_norm=False, r_cm=R_CM, **kw):
-    return compute_advantages(estimator, R_MAIN, r_cm, GROUP, V, M, token_mode=token_mode, baseline=_base(std_norm),
-                              **kw)
+    return compute_advantages(estimator, R_MAIN, r_cm, GROUP, response_mask=V, cot_mask=M, token_mode=token_mode,
+                              baseline=_base(std_norm), **kw)
 
 
 def _rows(per_row: list[float], mask: torch.Tensor) -> torch.Tensor:
@@ -60,10 +60,11 @@ def test_section_12_masks_rewards_chain():
     ids = torch.tensor(
         [[o, c, c, c, 101, a, a, e], [o, c, c, 101, a, e, p, p], [o, c, c, c, c, c, c, c], [o, c, 101, a, a, a, e, p]]
     )
-    spans = cot_mask(ids, V.long(), o, 101, e)
+    spans = cot_mask(ids, V.long(), think_open_id=o, think_close_id=101, stop_ids=e)
     assert torch.equal(spans.mask, M)
     reward, ok, _ = combine_classmate_scores(R_CM.view(4, 1, 1), torch.ones(4, 1, 1, dtype=torch.bool), R_MAIN)
-    out = compute_advantages("separated", R_MAIN, reward, GROUP, V, spans.mask, baseline="dr_grpo", classmate_valid=ok)
+    out = compute_advantages("separated", R_MAIN, reward, GROUP, response_mask=V, cot_mask=spans.mask,
+                             baseline="dr_grpo", classmate_valid=ok)
     _close(out["main_advantages"], _rows([4, -1, -4, 1], V))
 
 
@@ -179,7 +180,8 @@ def test_section_12_2_grpo_w_classmate():
 
 def test_section_12_grpo_reward_sum_and_plain():
     _close(_run("grpo")["advantages"], _rows([5.25, -3.75, -4.75, 3.25], V))
-    plain = compute_advantages("grpo", R_MAIN, None, GROUP, V, M, token_mode="all", baseline="dr_grpo")
+    plain = compute_advantages("grpo", R_MAIN, None, GROUP, response_mask=V, cot_mask=M, token_mode="all",
+                               baseline="dr_grpo")
     _close(plain["advantages"], _rows([4, -1, -4, 1], V))
 
 
@@ -263,8 +265,8 @@ CASES = [(e, t, s) for e in ESTIMATORS for t in TOKEN_MODES for s in (False, Tru
 def test_random_batches_match_loop_reference(estimator, token_mode, std_norm):
     for seed in range(3):
         main, cm, groups, resp, cot, ok = _random_batch(seed)
-        out = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode=token_mode, baseline=_base(std_norm),
-                                 classmate_valid=ok, weights=(0.7, 1.3))
+        out = compute_advantages(estimator, main, cm, groups, response_mask=resp, cot_mask=cot, token_mode=token_mode,
+                                 baseline=_base(std_norm), classmate_valid=ok, weights=(0.7, 1.3))
         ref = _loop_advantages(estimator, main, cm, groups, resp, cot, token_mode, std_norm, ok, (0.7, 1.3))
         torch.testing.assert_close(out["advantages"], ref, rtol=0, atol=1e-9)
 
@@ -272,9 +274,8 @@ def test_random_batches_match_loop_reference(estimator, token_mode, std_norm):
 @pytest.mark.parametrize(("estimator", "token_mode", "std_norm"), CASES)
 def test_properties_on_random_batches(estimator, token_mode, std_norm):
     main, cm, groups, resp, cot, ok = _random_batch(11)
-    args = (groups, resp, cot)
-    kw = dict(token_mode=token_mode, baseline=_base(std_norm), classmate_valid=ok)
-    out = compute_advantages(estimator, main, cm, *args, **kw)
+    kw = dict(response_mask=resp, cot_mask=cot, token_mode=token_mode, baseline=_base(std_norm), classmate_valid=ok)
+    out = compute_advantages(estimator, main, cm, groups, **kw)
     tensors = {k: v for k, v in out.items() if v.dim() == 2}
 
     # 0 on padding
@@ -291,20 +292,20 @@ def test_properties_on_random_batches(estimator, token_mode, std_norm):
     shift = torch.zeros_like(main)
     for g, c in zip(groups.unique().tolist(), [3.0, -7.5, 100.0, 0.25, -1.0, 12.0], strict=False):
         shift[groups == g] = c
-    shifted = compute_advantages(estimator, main + shift, cm + 2 * shift, *args, **kw)
+    shifted = compute_advantages(estimator, main + shift, cm + 2 * shift, groups, **kw)
     for key, x in out.items():
         torch.testing.assert_close(shifted[key], x, rtol=0, atol=1e-9, msg=key)
 
     # invalid classmate samples do not change anything else: their rewards are never read...
     garbage = torch.where(ok, cm, torch.full_like(cm, float("nan")))
-    for key, x in compute_advantages(estimator, main, garbage, *args, **kw).items():
+    for key, x in compute_advantages(estimator, main, garbage, groups, **kw).items():
         assert torch.equal(x, out[key]), key
     # ...and the valid ones' A^c equals that of a batch without the invalid samples
     if estimator != "separated_non_neg":
-        sub = compute_advantages(estimator, main[ok], cm[ok], groups[ok], resp[ok], cot[ok], token_mode=token_mode,
-                                 baseline="dr_grpo")
-        full = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode=token_mode, baseline="dr_grpo",
-                                  classmate_valid=ok)
+        sub = compute_advantages(estimator, main[ok], cm[ok], groups[ok], response_mask=resp[ok], cot_mask=cot[ok],
+                                 token_mode=token_mode, baseline="dr_grpo")
+        full = compute_advantages(estimator, main, cm, groups, response_mask=resp, cot_mask=cot, token_mode=token_mode,
+                                  baseline="dr_grpo", classmate_valid=ok)
         torch.testing.assert_close(full["classmate_scalar"][ok], sub["classmate_scalar"], rtol=0, atol=1e-12)
         assert (full["classmate_scalar"][~ok] == 0).all()
 
@@ -316,8 +317,8 @@ def test_group_with_equal_rewards_gets_zero(estimator, std_norm):
     g0 = groups == groups[0]
     main[g0] = 0.1
     cm[g0] = 0.3
-    out = compute_advantages(estimator, main, cm, groups, resp, cot, token_mode="all", baseline=_base(std_norm),
-                             classmate_valid=ok)
+    out = compute_advantages(estimator, main, cm, groups, response_mask=resp, cot_mask=cot, token_mode="all",
+                             baseline=_base(std_norm), classmate_valid=ok)
     assert (out["advantages"][g0] == 0).all()
     assert (out["main_scalar"][g0] == 0).all() and (out["classmate_scalar"][g0] == 0).all()
 
@@ -335,7 +336,7 @@ def test_group_normalize_direct():
 
 
 def test_integer_rewards_and_float32_output():
-    out = compute_advantages("gdpo", R_MAIN.long(), R_CM.long(), GROUP, V, M, baseline="dr_grpo")
+    out = compute_advantages("gdpo", R_MAIN.long(), R_CM.long(), GROUP, response_mask=V, cot_mask=M, baseline="dr_grpo")
     assert out["advantages"].dtype == torch.float32
     torch.testing.assert_close(out["advantages"].double(), _run("gdpo")["advantages"], rtol=0, atol=1e-6)
 
@@ -403,6 +404,6 @@ def test_group_std_matches_the_worked_example_and_masks_invalid_entries():
     assert group_std(rewards, group).tolist()[:4] == pytest.approx([3.366502] * 4, abs=1e-6)  # §12.2 main σ
     assert group_std(rewards, group).tolist()[4:] == [0.0, 0.0]
     valid = torch.tensor([True, True, False, False, True, False])
-    out = group_std(rewards, group, valid)
+    out = group_std(rewards, group, valid=valid)
     assert out.tolist()[:4] == pytest.approx([3.535534] * 4, abs=1e-6)  # std of [8, 3]
     assert out.tolist()[4:] == [0.0, 0.0]  # one valid entry: no std

@@ -173,7 +173,7 @@ def Y(id_: str, text: str | bytes, *expect: str) -> Case:
     return Case(id_, "yaml", run, expect)
 
 
-def _torn_ckpt(tmp: Path, break_older: bool) -> str:
+def _torn_ckpt(tmp: Path, *, break_older: bool) -> str:
     """A --ckpt.path whose latest tag (global_step2) has a truncated model file; the older tag is complete unless
     ``break_older``."""
     ckpt = tmp / "ckpt"
@@ -272,9 +272,9 @@ LAUNCHER = [
     L("classmate estimator without classmate", ["--classmate.estimator", "gdpo"], "needs a classmate",
       classmate=False),
     L("classmate without policy engines", ["--vllm.num_engines", "0"], "--vllm.num_engines >= 1"),
-    L("resume with every checkpoint torn", lambda w, t: ["--ckpt.path", _torn_ckpt(t, True), "--ckpt.load_enable"],
+    L("resume with every checkpoint torn", lambda w, t: ["--ckpt.path", _torn_ckpt(t, break_older=True), "--ckpt.load_enable"],
       "--ckpt.load_enable", "mp_rank_00_model_states.pt is cut short", "global_step1 has no *optim_states.pt"),
-    L("resume over a torn latest checkpoint", lambda w, t: ["--ckpt.path", _torn_ckpt(t, False),
+    L("resume over a torn latest checkpoint", lambda w, t: ["--ckpt.path", _torn_ckpt(t, break_older=False),
                                                              "--ckpt.load_enable"],
       "global_step2/mp_rank_00_model_states.pt is cut short", "resuming from global_step1", passes=True),
 ]

@@ -120,7 +120,7 @@ def test_batch_helper_and_spans_end_to_end(main_tok):
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)
         mask[i, : len(r)] = 1
-    spans = cot_mask(ids, mask, open_id, close_id, eos)
+    spans = cot_mask(ids, mask, think_open_id=open_id, think_close_id=close_id, stop_ids=eos)
     cots = [ids[i][spans.mask[i]].tolist() for i in range(3)]
     skip = (spans.length == 0).tolist()
     out = build_classmate_inputs(main_tok, [MESSAGES] * 3, cots, main_tok, skip=skip, **BIG)

@@ -76,7 +76,7 @@ def test_partition_correct_and_ngram_variants():
     assert partition_correct_diversity(class_of, [True, False, False, False, False]) == [0.1] * 5  # k <= 1
     texts = ["a b c d e", "a b c d x", "q r s t", "a b"]
     # 4-grams: t0 {abcd, bcde}, t1 {abcd, bcdx}, t2 {qrst}, t3 none
-    assert ngram_diversity(texts, 4) == pytest.approx([0.5, 0.5, 1.0, 0.0])
+    assert ngram_diversity(texts, n=4) == pytest.approx([0.5, 0.5, 1.0, 0.0])
 
 
 def test_short_answer_rule_and_pair_input():
@@ -84,22 +84,23 @@ def test_short_answer_rule_and_pair_input():
     assert short_answer_rule("The answer 42", "answer is 41") is False  # 2 * |{answer}| < 3
     assert short_answer_rule("x = 5", "5 = X") is True
     assert short_answer_rule("one two three four five six", "one") is None  # longer than 5 words: classifier
-    assert pair_text("a  b c", "d e", "[CLS]", "[SEP]", 9) == "[CLS]a b c[SEP]d e[SEP]"
-    assert pair_text("a b c d", "e f g h", "<s>", "</s>", 9) == "<s>a b c</s>e f g</s>"  # (9 - 3) // 2 = 3 words
+    assert pair_text("a  b c", "d e", cls="[CLS]", sep="[SEP]", max_len=9) == "[CLS]a b c[SEP]d e[SEP]"
+    # (9 - 3) // 2 = 3 words
+    assert pair_text("a b c d", "e f g h", cls="<s>", sep="</s>", max_len=9) == "<s>a b c</s>e f g</s>"
 
 
 def test_combination_modes_with_numbers():
     q, d = [1.0, 0.0, 1.0, 1.0], [0.5, 1.0, 0.25, 0.1]
     assert combine(q, d)[0] == pytest.approx([0.5, 0.0, 0.25, 0.1])
-    assert combine(q, d, "additive", lambda_quality=1.0, lambda_diversity=0.5)[0] == pytest.approx(
+    assert combine(q, d, mode="additive", lambda_quality=1.0, lambda_diversity=0.5)[0] == pytest.approx(
         [1.25, 0.5, 1.125, 1.05])
     # z-scores: q mean 0.75, std 0.5 -> [0.5, -1.5, 0.5, 0.5]; d mean 0.4625, std 0.3966 -> ...
-    rewards, _ = combine(q, d, "normalize_then_sum", lambda_quality=2.0, lambda_diversity=1.0)
+    rewards, _ = combine(q, d, mode="normalize_then_sum", lambda_quality=2.0, lambda_diversity=1.0)
     dt = torch.tensor(d, dtype=torch.float64)
     zd = (dt - dt.mean()) / (dt.std() + 1e-6)
     zq = torch.tensor([0.5, -1.5, 0.5, 0.5], dtype=torch.float64) * 0.5 / (0.5 + 1e-6)
     assert rewards == pytest.approx((2 * zq + zd).tolist())
-    assert combine([1.0, 1.0], [0.3, 0.9], "normalize_then_sum")[0] == pytest.approx([-0.70710, 0.70710], abs=1e-4)
+    assert combine([1.0, 1.0], [0.3, 0.9], mode="normalize_then_sum")[0] == pytest.approx([-0.70710, 0.70710], abs=1e-4)
     # min-shift: a reward model's qualities [-2, 1, 3] become [0, 3, 5]
     assert combine([-2.0, 1.0, 3.0], [1.0, 0.5, 0.2], min_shift=True)[0] == pytest.approx([0.0, 1.5, 1.0])
 
@@ -108,9 +109,10 @@ def test_combination_reports_which_rewards_depend_on_unknowns():
     q, d = [1.0, 0.0, 1.0, 1.0], [0.5, 1.0, 0.25, 0.1]
     d_known = [False, False, True, True]
     assert combine(q, d, diversity_known=d_known)[1] == [False, True, True, True]  # q = 0: reward 0 regardless
-    assert combine(q, d, "additive", diversity_known=d_known)[1] == d_known
-    assert combine(q, d, "normalize_then_sum", diversity_known=d_known)[1] == [False] * 4
-    rewards, ok = combine([5.0, 1.0, 3.0], [1.0, 1.0, 1.0], "normalize_then_sum", quality_known=[True, False, True])
+    assert combine(q, d, mode="additive", diversity_known=d_known)[1] == d_known
+    assert combine(q, d, mode="normalize_then_sum", diversity_known=d_known)[1] == [False] * 4
+    rewards, ok = combine([5.0, 1.0, 3.0], [1.0, 1.0, 1.0], mode="normalize_then_sum",
+                          quality_known=[True, False, True])
     assert ok == [True, False, True] and rewards[1] == 0.0  # a failed quality leaves the group statistics
     assert rewards[0] == pytest.approx(0.7071, abs=1e-4) and rewards[2] == pytest.approx(-0.7071, abs=1e-4)
 
@@ -120,7 +122,8 @@ def test_combination_reports_which_rewards_depend_on_unknowns():
 
 def test_classifier_round_robin_payload_and_probabilities():
     a, b = FakeClassifierServer(model="similarity_gpu_0"), FakeClassifierServer(model="similarity_gpu_1")
-    texts = [pair_text(f"w{i} x y z", f"w{i} x y q", "<|im_start|>", "<|im_end|>", 4096) for i in range(10)]
+    texts = [pair_text(f"w{i} x y z", f"w{i} x y q", cls="<|im_start|>", sep="<|im_end|>", max_len=4096)
+             for i in range(10)]
     with serve_in_thread(a), serve_in_thread(b):
         client = PairClassifier(ClassifierSettings(urls=(a.url + "/v1", b.url)))
         probs = asyncio.run(client.classify(texts))
@@ -133,7 +136,7 @@ def test_classifier_round_robin_payload_and_probabilities():
 
 def test_one_server_down_costs_retries_not_pairs_and_all_down_makes_pairs_unknown():
     live = FakeClassifierServer()
-    texts = [pair_text("a b c", "a b d", "<|im_start|>", "<|im_end|>", 99)] * 8
+    texts = [pair_text("a b c", "a b d", cls="<|im_start|>", sep="<|im_end|>", max_len=99)] * 8
     with serve_in_thread(live):
         client = PairClassifier(ClassifierSettings(urls=(_closed_url(), live.url), backoff_s=0.0,
                                                    pairs_per_request=2))
@@ -216,7 +219,7 @@ def test_short_answers_need_no_classifier_and_ngram_needs_no_server(world, fake_
     out = maker.make_experience_batch(_rollout(world.tok))
     texts = [t for texts, _ in GROUPS for t in texts]
     qs = [q for _, qs in GROUPS for q in qs]
-    div = [d for i in range(0, 12, 4) for d in ngram_diversity(texts[i : i + 4], 2)]
+    div = [d for i in range(0, 12, 4) for d in ngram_diversity(texts[i : i + 4], n=2)]
     rewards = torch.tensor([q * d for q, d in zip(qs, div)], dtype=torch.float64).view(3, 4)
     assert _scalars(out).tolist() == pytest.approx((rewards - rewards.mean(1, keepdim=True)).flatten().tolist(),
                                                    abs=1e-6)

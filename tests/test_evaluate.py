@@ -67,18 +67,20 @@ def test_split_response_on_token_ids(world):
     tok = AutoTokenizer.from_pretrained(world["policy"])
     open_id, close_id = tok.convert_tokens_to_ids(["<think>", "</think>"])
     ids = tok.encode("<think> 1 + 2 </think> 3", add_special_tokens=False) + [tok.eos_token_id]
-    split = ev.split_response(ids, tok, open_id, close_id, False, tok.eos_token_id)
+    tags = dict(open_id=open_id, close_id=close_id, stop_ids=tok.eos_token_id)
+    split = ev.split_response(ids, tok, **tags, starts_in_think=False)
     assert split["has_answer"] and split["answer"] == "3" and split["cot"] == "1 + 2"
     assert split["cot_ids"] == tok.encode("1 + 2", add_special_tokens=False)
     # the template opened the think block: the response starts inside the CoT
     ids = tok.encode("1 + 2 </think> 3", add_special_tokens=False)
-    split = ev.split_response(ids, tok, open_id, close_id, True, tok.eos_token_id)
+    split = ev.split_response(ids, tok, **tags, starts_in_think=True)
     assert split["cot"] == "1 + 2" and split["answer"] == "3"
     # truncated: no </think>, no answer; --no-think: everything is the answer
-    split = ev.split_response(tok.encode("<think> 1 + 2", add_special_tokens=False), tok, open_id, close_id, False,
-                              tok.eos_token_id)
+    split = ev.split_response(tok.encode("<think> 1 + 2", add_special_tokens=False), tok, **tags,
+                              starts_in_think=False)
     assert not split["has_answer"] and split["answer"] is None and split["cot"] == "1 + 2"
-    split = ev.split_response(tok.encode("3", add_special_tokens=False), tok, None, None, False, tok.eos_token_id)
+    split = ev.split_response(tok.encode("3", add_special_tokens=False), tok, open_id=None, close_id=None,
+                              starts_in_think=False, stop_ids=tok.eos_token_id)
     assert split["answer"] == "3" and split["cot"] is None
 
 

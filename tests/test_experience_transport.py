@@ -77,7 +77,7 @@ def test_fields_survive_concat_split_unpad_collate_balance_and_the_replay_buffer
         for name in FIELDS:
             assert torch.equal(seen[int(original.rewards)][name][:width], getattr(original, name)[0]), name
 
-    buffer = ppo_actor.NaiveReplayBuffer(2, 0, True)
+    buffer = ppo_actor.NaiveReplayBuffer(2, limit=0, cpu_offload=True)
     buffer.append(batch)
     micro = buffer.collate_fn([buffer[0], buffer[1]])
     assert torch.equal(micro.classmate_advantages[0, :9], samples[0].classmate_advantages[0])

@@ -74,7 +74,7 @@ def _vanilla_call(loss_fn, log_probs, **batch_info):
 def test_section_12_3_per_token_loss_and_gradient():
     loss_fn = VanillaClassmatePolicyLoss()
     lp = _log_probs()
-    tok = loss_fn.token_loss(lp, OLD, A_MAIN, A_CM, OLD + DELTA_C, COT)
+    tok = loss_fn.token_loss(lp, OLD, A_MAIN, classmate_advantages=A_CM, classmate_log_probs=OLD + DELTA_C, cot_mask=COT)
     torch.testing.assert_close(tok.detach(), torch.tensor(EXPECTED_L, dtype=F64), **TOL)
     (grad,) = torch.autograd.grad(tok.sum(), lp)
     torch.testing.assert_close(grad, torch.tensor(EXPECTED_G, dtype=F64), **TOL)
@@ -90,7 +90,7 @@ def test_section_12_3_per_token_loss_and_gradient():
 def test_section_12_3_standard_ppo_column():
     ppo = SeparatedPolicyLoss(dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm")
     lp = _log_probs()
-    tok = ppo.token_loss(lp, OLD, A_MAIN, torch.zeros_like(A_MAIN))
+    tok = ppo.token_loss(lp, OLD, A_MAIN, classmate_advantages=torch.zeros_like(A_MAIN))
     torch.testing.assert_close(tok.detach(), torch.tensor(EXPECTED_PPO_L, dtype=F64), **TOL)
     (grad,) = torch.autograd.grad(tok.sum(), lp)
     assert grad[1, 1].item() == 0.0 and grad[0, 2].item() == 0.0
@@ -257,7 +257,8 @@ def test_separated_is_weight_scales_both_terms_by_upstreams_truncated_weight():
     weight = (old - rollout).exp().clamp(0.8, 1.25)
     assert ((weight == 0.8) | (weight == 1.25)).any() and ((weight > 0.8) & (weight < 1.25)).any()
     torch.testing.assert_close(
-        ours.token_loss(lp, old, adv, cm_adv, mask, rollout), weight * plain.token_loss(lp, old, adv, cm_adv),
+        ours.token_loss(lp, old, adv, classmate_advantages=cm_adv, action_mask=mask, rollout_log_probs=rollout),
+        weight * plain.token_loss(lp, old, adv, classmate_advantages=cm_adv),
         rtol=0, atol=1e-7,
     )
 
@@ -267,7 +268,8 @@ def test_vanilla_applies_the_is_weight_to_the_whole_two_ratio_token_loss():
     options = dict(is_correction_level="seq", is_correction_mode="mask", is_correction_threshold=(0.8, 1.25))
     corrected = VanillaClassmatePolicyLoss(**options)
     lp = _log_probs()
-    tok = corrected.token_loss(lp, OLD, A_MAIN, A_CM, OLD + DELTA_C, COT, ACTION_MASK, rollout)
+    tok = corrected.token_loss(lp, OLD, A_MAIN, classmate_advantages=A_CM, classmate_log_probs=OLD + DELTA_C,
+                               cot_mask=COT, action_mask=ACTION_MASK, rollout_log_probs=rollout)
     expected = torch.tensor(EXPECTED_L, dtype=F64) * torch.tensor([[0.0], [0.05]], dtype=F64).exp() * torch.tensor(
         [[0.0], [1.0]], dtype=F64)
     torch.testing.assert_close(tok.detach(), expected, **TOL)
@@ -315,18 +317,20 @@ def test_aggregate_delegates_to_openrlhf():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
     for mode, token_level in (("token-mean", True), ("seq-mean-token-mean", False)):
         for info in ({}, dict(dp_size=4, batch_num_tokens=20.0, global_batch_size=6.0)):
-            assert torch.equal(aggregate(loss, mask, mode, **info), aggregate_loss(loss, mask, token_level, **info))
+            ours = aggregate(loss, mask, mode=mode, **info)
+            assert torch.equal(ours, aggregate_loss(loss, mask, token_level_loss=token_level, **info))
     assert LOSS_AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="unknown loss_agg_mode 'seq-sum'"):
-        aggregate(loss, mask, "seq-sum")
+        aggregate(loss, mask, mode="seq-sum")
 
 
 def test_seq_mean_token_sum_norm_without_batch_info():
     loss = torch.randn(3, 5, dtype=F64)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
     total = (loss * mask).sum()
-    torch.testing.assert_close(aggregate(loss, mask, "seq-mean-token-sum-norm"), total / 5)
-    torch.testing.assert_close(aggregate(loss, mask, "seq-mean-token-sum-norm", max_response_len=3072), total / 3072)
+    torch.testing.assert_close(aggregate(loss, mask, mode="seq-mean-token-sum-norm"), total / 5)
+    padded = aggregate(loss, mask, mode="seq-mean-token-sum-norm", max_response_len=3072)
+    torch.testing.assert_close(padded, total / 3072)
 
 
 def _per_micro_batch_losses(loss, mask, micro, gas, width, ref_mbs=None):
@@ -334,7 +338,8 @@ def _per_micro_batch_losses(loss, mask, micro, gas, width, ref_mbs=None):
     batches = [(loss[i : i + micro], mask[i : i + micro]) for i in range(0, loss.shape[0], micro)]
     total = torch.zeros((), dtype=loss.dtype)
     for (lb, mb), info in iter_grad_accum_global_norm(iter(batches), None, gas, lambda b: b[1]):
-        x = aggregate(lb, mb, "seq-mean-token-sum-norm", **info, max_response_len=width, ref_micro_batch_size=ref_mbs)
+        x = aggregate(lb, mb, mode="seq-mean-token-sum-norm", **info, max_response_len=width,
+                      ref_micro_batch_size=ref_mbs)
         total = total + x / gas  # DeepSpeed's engine.backward scales every micro-batch loss by 1/gas
     return total
 
@@ -376,7 +381,7 @@ def test_seq_mean_token_sum_norm_data_parallel():
     for rank in range(dp):
         rows = slice(rank * 4, rank * 4 + 4)
         rank_total = sum(
-            aggregate(loss[rows][k : k + 2], mask[rows][k : k + 2], "seq-mean-token-sum-norm", **info) / gas
+            aggregate(loss[rows][k : k + 2], mask[rows][k : k + 2], mode="seq-mean-token-sum-norm", **info) / gas
             for k in (0, 2)
         )
         objective = objective + rank_total / dp  # gradient all-reduce = mean over ranks

@@ -59,7 +59,7 @@ def cpu_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
 
 
-def _buffer(batch_size: int, packing: bool, dynamic: bool = False) -> NaiveReplayBuffer:
+def _buffer(batch_size: int, *, packing: bool, dynamic: bool = False) -> NaiveReplayBuffer:
     with patches._cuda_device_index(0):  # its __init__ builds torch.device(f"cuda:{index}")
         buffer = NaiveReplayBuffer(batch_size, cpu_offload=False, packing_samples=packing, dynamic_batch=dynamic)
     buffer.target_device = torch.device("cpu")
@@ -71,9 +71,9 @@ def _rollout_batch() -> ClassmateExperience:
     return ClassmateExperience.concat_experiences(_items(), 0)
 
 
-def _collated(packing: bool) -> ClassmateExperience:
+def _collated(*, packing: bool) -> ClassmateExperience:
     """The actor side: the replay buffer splits and unpads the micro-batch, the dataloader collates it back."""
-    buffer = _buffer(len(LENGTHS), packing)
+    buffer = _buffer(len(LENGTHS), packing=packing)
     buffer.append(_rollout_batch())
     return buffer.collate_fn(buffer.items)
 
@@ -110,7 +110,7 @@ def _step(actor, loss_fn, fields, zero, experience, loss_batch_info):
     return out[0]
 
 
-def _actor(model_dir: str, packing: bool) -> Actor:
+def _actor(model_dir: str, *, packing: bool) -> Actor:
     """Upstream's Actor as the policy actor builds it (sdpa: flash-attn does not exist on CPU), in fp32 so that
     the comparisons are exact to float tolerance."""
     actor = Actor(model_dir, attn_implementation="sdpa", param_dtype="bf16", packing_samples=packing)
@@ -127,8 +127,8 @@ def test_packed_and_unpacked_micro_batches_give_the_same_loss_and_gradients(mode
     loss_fn, fields, zero = _loss(name)
     results = {}
     for packing in (False, True):
-        actor = _actor(model_dir, packing)
-        batch = _collated(packing)
+        actor = _actor(model_dir, packing=packing)
+        batch = _collated(packing=packing)
         info = {"dp_size": 1, "batch_num_tokens": batch.action_mask.sum().float(),
                 "global_batch_size": torch.tensor(float(len(LENGTHS)))}
         loss = _step(actor, loss_fn, fields, zero, batch, info)
@@ -144,11 +144,11 @@ def test_packed_and_unpacked_micro_batches_give_the_same_loss_and_gradients(mode
 
 def test_packing_really_packs_and_would_mix_sequences_without_position_ids(model_dir):
     """The equality above is not vacuous: the packed forward runs on one (1, total) row."""
-    actor = _actor(model_dir, True)
+    actor = _actor(model_dir, packing=True)
     seen = []
     hook = actor.model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(args[0].shape),
                                                  with_kwargs=True)
-    batch = _collated(True)
+    batch = _collated(packing=True)
     actor(batch.sequences, batch.action_mask, attention_mask=batch.attention_mask)
     hook.remove()
     assert seen == [torch.Size([1, int(batch.attention_mask.sum())])]
@@ -177,8 +177,8 @@ def test_dynamic_micro_batches_give_the_fixed_micro_batch_objective(model_dir, o
     strategy = one_rank
     totals = {}
     for dynamic in (False, True):
-        actor = _actor(model_dir, dynamic)
-        buffer = _buffer(2, dynamic, dynamic)
+        actor = _actor(model_dir, packing=dynamic)
+        buffer = _buffer(2, packing=dynamic, dynamic=dynamic)
         buffer.append(_rollout_batch())  # upstream's split + padding removal
         losses = []
         if dynamic:
@@ -206,7 +206,7 @@ def test_dynamic_micro_batches_give_the_fixed_micro_batch_objective(model_dir, o
 def test_our_losses_use_the_dynamic_normalisation_exactly_as_upstreams(model_dir, one_rank):
     """With a zero classmate advantage the separated loss is upstream's PolicyLoss on every dynamic micro-batch."""
     strategy = one_rank
-    buffer = _buffer(2, True, True)
+    buffer = _buffer(2, packing=True, dynamic=True)
     buffer.append(_rollout_batch())
     buffer.setup_dynamic_batch(strategy)
     ours, theirs = SeparatedPolicyLoss(0.2, 0.28), PolicyLoss(0.2, 0.28)

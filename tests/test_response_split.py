@@ -166,7 +166,8 @@ def test_classmate_stage_reward_and_evaluation_split_every_case_alike(bpe_world,
     eval_stops = load_stop_token_ids(bpe_world.paths[kind], tok)
     open_id, close_id = think_token_ids(tok)
     rows = [ev.Row(messages=messages(c), label={}) for c in all_cases]
-    _, opened = ev.render_prompts(tok, rows, True, {}, (open_id, close_id))
+    _, opened = ev.render_prompts(tok, rows, chat_template=True, template_kwargs={},
+                                   think_ids=(open_id, close_id))
     assert opened == [kind == "qwen3_thinking"] * len(all_cases)
 
     for i, (case, out) in enumerate(zip(all_cases, outputs)):
@@ -184,7 +185,8 @@ def test_classmate_stage_reward_and_evaluation_split_every_case_alike(bpe_world,
         assert cot_ids == case.cot, case.name
         assert bool(spans.has_answer[i]) == (case.answer is not None), case.name
         # evaluation
-        split = ev.split_response(response, tok, open_id, close_id, opened[i], eval_stops)
+        split = ev.split_response(response, tok, open_id=open_id, close_id=close_id, starts_in_think=opened[i],
+                                  stop_ids=eval_stops)
         assert (split["cot_ids"], split["answer"], split["status"]) == (case.cot, case.answer, case.status), case.name
         assert split["has_answer"] == (case.answer is not None), case.name
 
@@ -210,7 +212,9 @@ def test_pieces_that_read_as_a_close_tag_are_not_one(bpe_world):
     assert tok.decode(response, skip_special_tokens=True).split("</think>")[1].strip() == "3"  # what text saw
     split = ThinkFormat.of(tok, stop_ids=bpe_world.stops("qwen3")).split([], response)
     assert split.status == "unclosed" and decoded_answer(tok, response, split) is None
-    assert split_response_ids(response, open_id, close_id, bpe_world.stops("qwen3")).cot_end == len(response) - 1
+    split = split_response_ids(response, think_open_id=open_id, think_close_id=close_id,
+                               stop_ids=bpe_world.stops("qwen3"))
+    assert split.cot_end == len(response) - 1
 
 
 def test_whole_response_mode_scores_the_whole_response_in_the_engine(bpe_world, monkeypatch):

@@ -136,14 +136,12 @@ def test_engines_on_their_own_gpus_start_concurrently(monkeypatch):
 
 def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monkeypatch):
     import pytest
+    import torch
     from openrlhf.trainer.ppo_trainer import PPOTrainer
 
+    from openrlhf_classmate.integration.args import parse_args
     from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
     from openrlhf_classmate.integration.trainer import TrainingStopped
-
-    import torch
-
-    from openrlhf_classmate.integration.args import parse_args
 
     label = '{"data_source": "arithmetic", "ground_truth": "2"}'
 

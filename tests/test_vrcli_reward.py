@@ -64,24 +64,25 @@ def test_improvement_is_the_percentage_drop_of_the_perplexity():
     (2.0, 1.0, 3), (57.0, 1.0, 3),
 ])
 def test_released_ladder_at_its_edges(value, reward, bucket):
-    assert map_improvement(value, "ladder") == reward
+    assert map_improvement(value, mapping="ladder") == reward
     assert ladder_bucket(value) == bucket
 
 
 def test_clipped_and_binary_mappings():
-    assert map_improvement(-3.2, "clipped") == 0.0
-    assert map_improvement(3.2, "clipped") == 3.2
-    assert map_improvement(-1e-9, "binary") == 0.0
-    assert map_improvement(0.0, "binary") == 1.0  # "0 if I < 0 else 1"
-    assert map_improvement(12.0, "binary") == 1.0
+    assert map_improvement(-3.2, mapping="clipped") == 0.0
+    assert map_improvement(3.2, mapping="clipped") == 3.2
+    assert map_improvement(-1e-9, mapping="binary") == 0.0
+    assert map_improvement(0.0, mapping="binary") == 1.0  # "0 if I < 0 else 1"
+    assert map_improvement(12.0, mapping="binary") == 1.0
     with pytest.raises(ValueError, match="unknown VR-CLI mapping"):
-        map_improvement(1.0, "sigmoid")
+        map_improvement(1.0, mapping="sigmoid")
 
 
 def test_tunable_ladder_and_its_checks():
     # the 5% / 10% cut-points of a third-party restatement
-    assert [map_improvement(v, "ladder", (5.0, 10.0), (0.0, 0.5, 1.0)) for v in (4.9, 5.0, 9.9, 10.0)] == [
-        0.0, 0.5, 0.5, 1.0]
+    rewards = [map_improvement(v, mapping="ladder", thresholds=(5.0, 10.0), rewards=(0.0, 0.5, 1.0))
+               for v in (4.9, 5.0, 9.9, 10.0)]
+    assert rewards == [0.0, 0.5, 0.5, 1.0]
     check_ladder((5.0, 10.0), (0.0, 0.5, 1.0))
     with pytest.raises(ValueError, match="needs 3 rewards"):
         check_ladder((5.0, 10.0), (0.0, 1.0))

@@ -1,6 +1,12 @@
 """Pure-torch core of the classmate method: CoT spans, classmate inputs and rewards, advantages, policy losses.
 
 No Ray, no DeepSpeed. ``losses`` imports openrlhf lazily (only when a loss is aggregated).
+
+Each module's docstring writes out the formulas it implements. A ``§`` reference names the section of the
+specification it restates (``classmate_method.md``, ``openrlhf_0.11.2_extension.md``, ``reward_methods.md``: see the
+README), for provenance only: nothing here needs the document to be read.
+
+Public functions take their tensors (or other primary inputs) positionally and every option by keyword.
 """
 
 from openrlhf_classmate.algo.advantages import (

@@ -1,4 +1,7 @@
-"""Group-normalised advantages for the classmate estimators (classmate_method.md §5, §12.2, §13, §14.1).
+"""Group-normalised advantages for the classmate estimators.
+
+Spec: classmate_method.md §5 (the reference's estimators), §13 (HEAD's grpo_w_classmate and gdpo), §14.1; its worked
+example (§12.2) is in ``tests/test_advantages.py``. Every formula the code implements is written out below.
 
 Notation (per response i of a prompt group g): R^m = main reward, R^c = classmate reward, v = response mask,
 m = CoT mask (only its valid tokens are used: m := m ∧ v), ok^m / ok^c = validity of the main / classmate score
@@ -88,7 +91,7 @@ def _segment_stats(
     return n, centred, var
 
 
-def group_std(values: torch.Tensor, group_index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+def group_std(values: torch.Tensor, group_index: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Unbiased std of ``values`` per group over valid entries, per sample [B] (0 for groups with < 2 valid)."""
     inverse, num_groups = _group_ids(group_index)
     ok = torch.ones_like(inverse, dtype=torch.bool) if valid is None else valid.bool()
@@ -113,19 +116,19 @@ def _baseline(
     n, centred, var = _segment_stats(values, inverse, num_groups, valid)
     # Exact zeros for constant groups (the floating-point mean may differ from the common value by an ulp).
     big = torch.finfo(values.dtype).max
-    start = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
-    gmax = torch.full_like(start, -big).scatter_reduce(0, inverse, torch.where(valid, values, -big), "amax")
-    gmin = torch.full_like(start, big).scatter_reduce(0, inverse, torch.where(valid, values, big), "amin")
+    group_zeros = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    group_max = torch.full_like(group_zeros, -big).scatter_reduce(0, inverse, torch.where(valid, values, -big), "amax")
+    group_min = torch.full_like(group_zeros, big).scatter_reduce(0, inverse, torch.where(valid, values, big), "amin")
     defined = valid & (per_sample(n) >= 2)
-    centred = torch.where(per_sample(gmax == gmin), 0.0, centred)
+    centred = torch.where(per_sample(group_max == group_min), 0.0, centred)
     if baseline == "group_norm":
-        adv = centred / (per_sample(var.sqrt()) + eps)
+        advantage = centred / (per_sample(var.sqrt()) + eps)
     elif baseline == "rloo":
         n_i = per_sample(n)
-        adv = centred * n_i / (n_i - 1).clamp(min=1)
+        advantage = centred * n_i / (n_i - 1).clamp(min=1)
     else:  # dr_grpo, reinforce_baseline
-        adv = centred
-    return torch.where(defined, adv, 0.0), defined
+        advantage = centred
+    return torch.where(defined, advantage, 0.0), defined
 
 
 def _as_1d(name: str, x: torch.Tensor, batch: int) -> torch.Tensor:
@@ -156,8 +159,8 @@ def _check_baseline(baseline: str) -> None:
 def group_normalize(
     rewards: torch.Tensor,
     group_index: torch.Tensor,
-    valid: torch.Tensor | None = None,
     *,
+    valid: torch.Tensor | None = None,
     baseline: str = "group_norm",
     eps: float = 1e-6,
 ) -> torch.Tensor:
@@ -192,7 +195,7 @@ def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, scalar.unsqueeze(1), scalar.new_zeros(()))
 
 
-def whiten_tokens(advantages: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+def whiten_tokens(advantages: torch.Tensor, mask: torch.Tensor, *, mode: str) -> torch.Tensor:
     """Upstream's batch whitening over the tokens in ``mask`` (biased variance, clamped at 1e-8); 0 outside it."""
     if mode not in WHITENING:
         raise ValueError(f"unknown whitening {mode!r}; expected one of {WHITENING}")
@@ -210,9 +213,9 @@ def compute_advantages(
     main_rewards: torch.Tensor,
     classmate_rewards: torch.Tensor | None,
     group_index: torch.Tensor,
+    *,
     response_mask: torch.Tensor,
     cot_mask: torch.Tensor,
-    *,
     token_mode: str = "classmate_partial",
     baseline: str = "group_norm",
     main_valid: torch.Tensor | None = None,
@@ -261,70 +264,83 @@ def compute_advantages(
         )
     everyone = torch.ones(batch, dtype=torch.bool, device=device)
     main_ok = everyone if main_valid is None else _as_1d("main_valid", main_valid, batch).bool()
-    cm_ok = everyone if classmate_valid is None else _as_1d("classmate_valid", classmate_valid, batch).bool()
+    classmate_ok = everyone if classmate_valid is None else _as_1d("classmate_valid", classmate_valid, batch).bool()
     if len(weights) != 2:
         raise ValueError(f"weights must be (w_main, w_classmate), got {weights}")
     if main_clip is not None and (len(main_clip) != 2 or main_clip[0] > main_clip[1]):
         raise ValueError(f"main_clip must be (low, high) with low <= high, got {main_clip}")
-    resp = response_mask.bool()
-    cot = cot_mask.bool()  # only read on valid tokens: CoT marks on padding are ignored (no O(B·T) check)
+    response_tokens = response_mask.bool()
+    cot_tokens = cot_mask.bool()  # only read on valid tokens: CoT marks on padding are ignored (no O(B·T) check)
     _check_finite("main_rewards", main_rewards, main_ok)
-    _check_finite("classmate_rewards", classmate_rewards, cm_ok)
+    _check_finite("classmate_rewards", classmate_rewards, classmate_ok)
 
     inverse, num_groups = _group_ids(group_index)
     _check_group_sizes(inverse, num_groups, baseline)
     out_dtype = _out_dtype(main_rewards)
-    r_main = torch.where(main_ok, main_rewards.double(), 0.0)
-    r_cm = torch.where(cm_ok, classmate_rewards.double(), 0.0)
+    # R^m and R^c in float64, 0 where the score is invalid (those entries never enter the statistics).
+    valid_main_rewards = torch.where(main_ok, main_rewards.double(), 0.0)
+    valid_classmate_rewards = torch.where(classmate_ok, classmate_rewards.double(), 0.0)
 
     def clip(x: torch.Tensor) -> torch.Tensor:
         return x if main_clip is None else x.clamp(min=float(main_clip[0]), max=float(main_clip[1]))
 
-    a_main, _ = _baseline(r_main, inverse, num_groups, main_ok, baseline, eps)
-    a_main = clip(a_main)
-    a_cm, _ = _baseline(r_cm, inverse, num_groups, cm_ok, baseline, eps)
+    # A^m and A^c per response, in float64 for the arithmetic below ...
+    main_scalar_f64, _ = _baseline(valid_main_rewards, inverse, num_groups, main_ok, baseline, eps)
+    main_scalar_f64 = clip(main_scalar_f64)
+    classmate_scalar_f64, _ = _baseline(valid_classmate_rewards, inverse, num_groups, classmate_ok, baseline, eps)
     if estimator == "separated_non_neg":
-        a_cm = a_cm.clamp(min=0.0)  # §5.3: do not penalise the main model when the classmate fails
-    result = {"main_scalar": a_main.to(out_dtype), "classmate_scalar": a_cm.to(out_dtype)}
-    a_main_out = result["main_scalar"]
+        # A^c := max(A^c, 0): a classmate that fails does not penalise the main model (spec §5.3)
+        classmate_scalar_f64 = classmate_scalar_f64.clamp(min=0.0)
+    # ... and in the output dtype, as placed on the tokens and returned for logging.
+    main_scalar = main_scalar_f64.to(out_dtype)
+    classmate_scalar = classmate_scalar_f64.to(out_dtype)
+    result = {"main_scalar": main_scalar, "classmate_scalar": classmate_scalar}
 
     if estimator in ("grpo", "grpo_w_classmate"):
-        a_comb, defined = _baseline(r_main + r_cm, inverse, num_groups, main_ok & cm_ok, baseline, eps)
-        a_comb = torch.where(defined, clip(a_comb), a_main).to(out_dtype)
-        result["combined_scalar"] = a_comb
+        # A^comb = clip(b(R^m + R^c)) where both scores are valid; A^m elsewhere.
+        combined_scalar, defined = _baseline(
+            valid_main_rewards + valid_classmate_rewards, inverse, num_groups, main_ok & classmate_ok, baseline, eps
+        )
+        combined_scalar = torch.where(defined, clip(combined_scalar), main_scalar_f64).to(out_dtype)
+        result["combined_scalar"] = combined_scalar
         if estimator == "grpo" or token_mode == "all":
-            advantages = _broadcast(a_comb, resp)
+            advantages = _broadcast(combined_scalar, response_tokens)
         else:
-            advantages = _place(a_comb, a_main_out, cot, resp)
+            advantages = _place(combined_scalar, main_scalar, cot_tokens, response_tokens)
     elif estimator in ("gdpo", "gdpo_wo_bn"):
-        w_main, w_cm = float(weights[0]), float(weights[1])
-        s = w_main * a_main + w_cm * a_cm
-        if estimator == "gdpo":  # §13: HEAD's batch normalisation over the whole batch
-            active = main_ok | cm_ok  # a response with no valid score carries no signal and stays 0
+        # S = w_m·A^m + w_c·A^c
+        weighted_sum = float(weights[0]) * main_scalar_f64 + float(weights[1]) * classmate_scalar_f64
+        if estimator == "gdpo":  # S_bn: HEAD's normalisation over the whole batch (spec §13)
+            active = main_ok | classmate_ok  # a response with no valid score carries no signal and stays 0
             count = int(active.sum())
-            centred = torch.where(active, s - s[active].mean() if count else s, 0.0)
+            centred = torch.where(active, weighted_sum - weighted_sum[active].mean() if count else weighted_sum, 0.0)
             std = centred.square().sum().div(max(count - 1, 1)).sqrt()
-            s = centred / (std + eps)
-        s = s.to(out_dtype)
-        result["combined_scalar"] = s
-        advantages = _broadcast(s, resp) if token_mode == "all" else _place(s, a_main_out, cot, resp)
+            weighted_sum = centred / (std + eps)
+        weighted_sum = weighted_sum.to(out_dtype)
+        result["combined_scalar"] = weighted_sum
+        if token_mode == "all":
+            advantages = _broadcast(weighted_sum, response_tokens)
+        else:
+            advantages = _place(weighted_sum, main_scalar, cot_tokens, response_tokens)
     else:  # separated, separated_non_neg
-        main_adv = _broadcast(a_main_out, resp)
-        cm_tokens = cot & resp if token_mode == "classmate_partial" else resp
-        cm_adv = _broadcast(result["classmate_scalar"], cm_tokens)
+        main_advantages = _broadcast(main_scalar, response_tokens)
+        classmate_tokens = cot_tokens & response_tokens if token_mode == "classmate_partial" else response_tokens
+        classmate_advantages = _broadcast(classmate_scalar, classmate_tokens)
         if kl_return is not None:
-            main_adv = main_adv + torch.where(resp, kl_return.to(out_dtype), 0.0)
+            main_advantages = main_advantages + torch.where(response_tokens, kl_return.to(out_dtype), 0.0)
         if whiten is not None:
-            main_adv = whiten_tokens(main_adv, resp & main_ok.unsqueeze(1), whiten)
-            cm_adv = whiten_tokens(cm_adv, cm_tokens & cm_ok.unsqueeze(1), whiten)
-        result["main_advantages"] = main_adv
-        result["classmate_advantages"] = cm_adv
-        result["advantages"] = main_adv + cm_adv
+            main_advantages = whiten_tokens(main_advantages, response_tokens & main_ok.unsqueeze(1), mode=whiten)
+            classmate_advantages = whiten_tokens(
+                classmate_advantages, classmate_tokens & classmate_ok.unsqueeze(1), mode=whiten
+            )
+        result["main_advantages"] = main_advantages
+        result["classmate_advantages"] = classmate_advantages
+        result["advantages"] = main_advantages + classmate_advantages
         return result
 
     if kl_return is not None:
-        advantages = advantages + torch.where(resp, kl_return.to(out_dtype), 0.0)
+        advantages = advantages + torch.where(response_tokens, kl_return.to(out_dtype), 0.0)
     if whiten is not None:
-        advantages = whiten_tokens(advantages, resp & (main_ok | cm_ok).unsqueeze(1), whiten)
+        advantages = whiten_tokens(advantages, response_tokens & (main_ok | classmate_ok).unsqueeze(1), mode=whiten)
     result["advantages"] = advantages
     return result

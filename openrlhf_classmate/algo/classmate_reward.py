@@ -1,4 +1,4 @@
-"""Classmate reward per response from the classmates' scores (classmate_method.md §4.2-4.3).
+"""Classmate reward per response from the classmates' scores (spec: classmate_method.md §4.2-4.3).
 
 For response b, classmate k, sample s with score x_bks and validity flag ok_bks:
 
@@ -36,6 +36,7 @@ def combine_classmate_scores(
     scores: torch.Tensor,
     valid: torch.Tensor,
     main_rewards: torch.Tensor,
+    *,
     weights: Sequence[float] | None = None,
     lam: float = 1.0,
     condition: str = "always",
@@ -56,24 +57,25 @@ def combine_classmate_scores(
     if main_rewards.shape != (batch,):
         raise ValueError(f"main_rewards must have shape ({batch},), got {tuple(main_rewards.shape)}")
     if weights is None:
-        w = torch.ones(num_classmates, dtype=torch.float64, device=scores.device)
+        classmate_weights = torch.ones(num_classmates, dtype=torch.float64, device=scores.device)
     else:
-        w = torch.as_tensor(list(weights), dtype=torch.float64, device=scores.device)
-        if w.shape != (num_classmates,):
-            raise ValueError(f"weights has {w.numel()} entries but scores has K={num_classmates} classmates")
-        if not torch.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        classmate_weights = torch.as_tensor(list(weights), dtype=torch.float64, device=scores.device)
+        if classmate_weights.shape != (num_classmates,):
+            raise ValueError(f"weights has {classmate_weights.numel()} entries but scores has K={num_classmates} "
+                             "classmates")
+        if (not torch.isfinite(classmate_weights).all() or (classmate_weights < 0).any()
+                or classmate_weights.sum() <= 0):
             raise ValueError(f"weights must be finite, non-negative and not all 0, got {list(weights)}")
 
     ok = valid.bool()
     out_dtype = scores.dtype if scores.is_floating_point() else torch.float32
-    x = torch.where(ok, scores.double(), 0.0)  # where, not multiply: NaN at invalid entries must not leak
-    count = ok.sum(dim=2)  # [B, K]
-    per_classmate = x.sum(dim=2) / count.clamp(min=1)
-    counts = count > 0
-    w_eff = w.unsqueeze(0) * counts  # [B, K]
-    w_sum = w_eff.sum(dim=1)
-    row_valid = w_sum > 0
-    raw = (w_eff * per_classmate).sum(dim=1) / torch.where(row_valid, w_sum, 1.0)
+    valid_scores = torch.where(ok, scores.double(), 0.0)  # where, not multiply: NaN at invalid entries must not leak
+    valid_count = ok.sum(dim=2)  # [B, K]
+    mean_per_classmate = valid_scores.sum(dim=2) / valid_count.clamp(min=1)  # mean_bk
+    row_weights = classmate_weights.unsqueeze(0) * (valid_count > 0)  # [B, K]: w_k where classmate k counts, else 0
+    row_weight_sum = row_weights.sum(dim=1)
+    row_valid = row_weight_sum > 0
+    raw = (row_weights * mean_per_classmate).sum(dim=1) / torch.where(row_valid, row_weight_sum, 1.0)
 
     scaled = lam * raw
     correct = main_rewards > 0

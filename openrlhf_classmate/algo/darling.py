@@ -39,7 +39,7 @@ def all_pairs(n: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(n) for b in range(a + 1, n)]
 
 
-def short_answer_rule(a: str, b: str, max_words: int = 5) -> bool | None:
+def short_answer_rule(a: str, b: str, *, max_words: int = 5) -> bool | None:
     """DARLING's shortcut for short answers, decided without the classifier: when the longer of the two responses
     has at most ``max_words`` lower-cased whitespace tokens, they are equivalent iff ``2 * |common unigrams| >=``
     that length. None: the rule does not apply (ask the classifier)."""
@@ -55,7 +55,7 @@ def truncate_words(text: str, max_words: int) -> str:
     return " ".join(text.split()[:max_words])
 
 
-def pair_text(a: str, b: str, cls: str, sep: str, max_len: int) -> str:
+def pair_text(a: str, b: str, *, cls: str, sep: str, max_len: int) -> str:
     """The classifier input ``CLS a SEP b SEP``, each response cut to its first ``(max_len - 3) // 2`` words (the
     prompt is not included)."""
     keep = max(1, (max_len - 3) // 2)
@@ -105,7 +105,7 @@ def class_sizes(class_of: Sequence[int]) -> list[int]:
     return [counts[c] for c in class_of]
 
 
-def partition_diversity(class_of: Sequence[int], floor: float = 0.1) -> list[float]:
+def partition_diversity(class_of: Sequence[int], *, floor: float = 0.1) -> list[float]:
     """``max((n - |C(i)|) / (n - 1), floor)``; a group of one response gets the floor."""
     n = len(class_of)
     if n < 2:
@@ -113,7 +113,7 @@ def partition_diversity(class_of: Sequence[int], floor: float = 0.1) -> list[flo
     return [max((n - size) / (n - 1), floor) for size in class_sizes(class_of)]
 
 
-def partition_correct_diversity(class_of: Sequence[int], correct: Sequence[bool], floor: float = 0.1) -> list[float]:
+def partition_correct_diversity(class_of: Sequence[int], correct: Sequence[bool], *, floor: float = 0.1) -> list[float]:
     """Diversity among the k correct responses: ``max((k - |C(i) ∩ correct|) / (k - 1), floor)`` for a correct
     response, the floor for an incorrect one and for every response when k <= 1."""
     k = sum(bool(c) for c in correct)
@@ -127,7 +127,7 @@ def partition_correct_diversity(class_of: Sequence[int], correct: Sequence[bool]
             for c, ok in zip(class_of, correct, strict=True)]
 
 
-def ngram_diversity(texts: Sequence[str], n: int = 4) -> list[float]:
+def ngram_diversity(texts: Sequence[str], *, n: int = 4) -> list[float]:
     """Per response, the fraction of its distinct word n-grams that occur in no other response of the group."""
     grams = [{tuple(w[i : i + n]) for i in range(len(w) - n + 1)} for w in (t.split() for t in texts)]
     out = []
@@ -152,7 +152,7 @@ def _zscore(x: Sequence[float], rows: Sequence[int]) -> dict[int, float]:
     return {i: (x[i] - mean) / (std + NORM_EPS) for i in rows}
 
 
-def combine(quality: Sequence[float], diversity: Sequence[float], mode: str = "multiplicative", *,
+def combine(quality: Sequence[float], diversity: Sequence[float], *, mode: str = "multiplicative",
             lambda_quality: float = 1.0, lambda_diversity: float = 1.0, min_shift: bool = False,
             quality_known: Sequence[bool] | None = None,
             diversity_known: Sequence[bool] | None = None) -> tuple[list[float], list[bool]]:

@@ -44,6 +44,7 @@ def _openrlhf_aggregate_loss():
 def aggregate(
     loss: torch.Tensor,
     mask: torch.Tensor | None,
+    *,
     mode: str,
     dp_size: int = 1,
     batch_num_tokens: float | torch.Tensor | None = None,
@@ -53,21 +54,28 @@ def aggregate(
 ) -> torch.Tensor:
     """Reduce a per-token loss [B, T] to the scalar that is backpropagated for one micro-batch.
 
+    With v the mask, the three modes are, over the sequences i and tokens t of the whole optimizer step:
+
+        token-mean                Σ_{i,t} L·v / Σ_{i,t} v
+        seq-mean-token-mean       mean_i ( Σ_t L·v / Σ_t v )
+        seq-mean-token-sum-norm   Σ_i Σ_t L·v / T                (a sum over sequences, not a mean)
+
     ``token-mean`` and ``seq-mean-token-mean`` are openrlhf's ``aggregate_loss`` (token_level_loss True / False),
     which turn ``loss_batch_info`` into one global mean per optimizer step.
 
-    ``seq-mean-token-sum-norm`` (classmate_method.md §6.2, for reproducing the reference runs). With T =
+    ``seq-mean-token-sum-norm`` is the reference's aggregation (spec: classmate_method.md §6.2), for reproducing the
+    reference runs. With T =
     ``max_response_len`` if given, else ``mask.shape[1]`` (the reference pads every rollout to
     ``max_response_length``, so pass it to reproduce the reference scale):
 
-    * without ``global_batch_size``: ``Σ_i Σ_t L·v / T`` (a sum over the micro-batch's sequences, as in §6.2;
-      0.611281 on §12.3).
+    * without ``global_batch_size``: ``Σ_i Σ_t L·v / T`` (a sum over the micro-batch's sequences, as in the
+      reference; 0.611281 on the spec's two-sequence worked example, §12.3, in ``tests/test_losses.py``).
     * with ``loss_batch_info``: ``Σ_i Σ_t L·v / T · dp_size · C / global_batch_size``, C = ``ref_micro_batch_size``
       (default ``global_batch_size / dp_size``).
 
     Why: the reference backpropagates ``Σ_{i∈micro} Σ_t L·v / T`` per micro-batch scaled by 1/GA and averages
     gradients over W ranks, so its per-optimizer-step objective is ``Σ_{i∈step} Σ_t L·v · C / (T · N)`` with N the
-    sequences in the step and C = N / (GA · W) its micro-batch size (§6.2). In openrlhf, DeepSpeed also divides
+    sequences in the step and C = N / (GA · W) its micro-batch size (spec §6.2). In openrlhf, DeepSpeed also divides
     every micro-batch loss by gas (``engine.backward``, ``scale_wrt_gas=True``) and DDP/ZeRO averages over the
     ``dp_size`` ranks, while ``iter_grad_accum_global_norm`` passes ``global_batch_size = N / gas`` (N = non-empty
     sequences of the whole window, all ranks); the dynamic-batch path passes N with gas = 1. Backpropagating
@@ -121,6 +129,7 @@ def policy_ratio(
     old_log_probs: torch.Tensor,
     action_mask: torch.Tensor | None,
     rollout_log_probs: torch.Tensor | None = None,
+    *,
     policy_loss_type: str = "ppo",
     is_correction: bool = False,
 ) -> torch.Tensor:
@@ -140,6 +149,7 @@ def is_correction_weight(
     old_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     action_mask: torch.Tensor | None,
+    *,
     level: str,
     mode: str = "mask",
     gating: str = "ratio",
@@ -221,24 +231,32 @@ def _check_same_shape(name: str, x: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 class _ClassmateLoss(torch.nn.Module):
-    """What both classmate losses share: clip ranges of both terms, aggregation, ratio type and IS correction."""
+    """What both classmate losses share: clip ranges of both terms, aggregation, ratio type and IS correction.
+
+    The constructor is the one of both losses. ``clip_eps_low`` / ``clip_eps_high`` (ε_lo, ε_hi) and ``dual_clip``
+    clip the main term as in upstream's ``PolicyLoss`` (and take its defaults); ``classmate_*`` clip the classmate
+    term; ``loss_agg_mode`` is one of :data:`LOSS_AGG_MODES` (``max_response_len`` and ``ref_micro_batch_size`` are
+    read by ``seq-mean-token-sum-norm`` only, see :func:`aggregate`); ``policy_loss_type`` and ``is_correction_*``
+    are upstream's ratio and rollout-correction options (module docstring).
+    """
 
     def __init__(
         self,
-        clip_eps_low: float,
-        clip_eps_high: float,
-        dual_clip: float | None,
-        classmate_clip_eps_low: float,
-        classmate_clip_eps_high: float,
-        classmate_dual_clip: float | None,
-        loss_agg_mode: str,
-        max_response_len: int | None,
-        ref_micro_batch_size: float | None,
-        policy_loss_type: str,
-        is_correction_level: str,
-        is_correction_mode: str,
-        is_correction_gating: str,
-        is_correction_threshold: tuple[float, float],
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        *,
+        dual_clip: float | None = None,
+        classmate_clip_eps_low: float = 0.4,
+        classmate_clip_eps_high: float = 0.4,
+        classmate_dual_clip: float | None = None,
+        loss_agg_mode: str = "token-mean",
+        max_response_len: int | None = None,
+        ref_micro_batch_size: float | None = None,
+        policy_loss_type: str = "ppo",
+        is_correction_level: str = "off",
+        is_correction_mode: str = "mask",
+        is_correction_gating: str = "ratio",
+        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
     ) -> None:
         super().__init__()
         if loss_agg_mode not in LOSS_AGG_MODES:
@@ -270,27 +288,33 @@ class _ClassmateLoss(torch.nn.Module):
         correcting = self.is_correction_level != "off"
         if correcting and rollout_log_probs is None:
             raise ValueError(f"is_correction_level={self.is_correction_level} needs rollout_log_probs")
-        return policy_ratio(log_probs, old_log_probs, action_mask, rollout_log_probs, self.policy_loss_type,
-                            correcting)
+        return policy_ratio(log_probs, old_log_probs, action_mask, rollout_log_probs,
+                            policy_loss_type=self.policy_loss_type, is_correction=correcting)
 
     def _is_weight(self, old_log_probs, rollout_log_probs, action_mask):
         """(w, is_filter_ratio, vllm_kl), or (None, None, None) where upstream applies no weight (off, or gspo)."""
         if self.is_correction_level == "off" or self.policy_loss_type != "ppo":
             return None, None, None
-        return is_correction_weight(old_log_probs, rollout_log_probs, action_mask, self.is_correction_level,
-                                    self.is_correction_mode, self.is_correction_gating, self.is_correction_threshold)
+        return is_correction_weight(old_log_probs, rollout_log_probs, action_mask, level=self.is_correction_level,
+                                    mode=self.is_correction_mode, gating=self.is_correction_gating,
+                                    threshold=self.is_correction_threshold)
 
     def _aggregate(self, loss: torch.Tensor, action_mask, dp_size, batch_num_tokens, global_batch_size):
-        return aggregate(loss, action_mask, self.loss_agg_mode, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
+        return aggregate(loss, action_mask, mode=self.loss_agg_mode, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
                          global_batch_size=global_batch_size, max_response_len=self.max_response_len,
                          ref_micro_batch_size=self.ref_micro_batch_size)
 
 
 class SeparatedPolicyLoss(_ClassmateLoss):
-    """Two clipped PPO terms with the same ratio, mask, IS weight and aggregation
-    (openrlhf_0.11.2_extension.md §3(c)):
+    """Two clipped PPO terms with the same ratio, mask, IS weight and aggregation (the "separated" objective;
+    spec: openrlhf_0.11.2_extension.md §3(c)):
 
         L = w · PPO(r, A^m; ε_lo, ε_hi, dual_clip) + w · PPO(r, A^c; ε^c_lo, ε^c_hi, classmate_dual_clip)
+
+    with upstream's per-token clipped PPO term, r̄ = clamp(r, 1-ε_lo, 1+ε_hi):
+
+        PPO(r, A; ε_lo, ε_hi, C) = max(-r·A, -r̄·A)                  where A ≥ 0, or C is None
+                                 = min(-C·A, max(-r·A, -r̄·A))       where A < 0 (dual clip)
 
     ``advantages`` are the main advantages A^m·v; ``classmate_advantages`` are A^c·m (or A^c·v); r and w as in the
     module docstring. Each term gets the gradient of its own advantage, so the classmate stream really trains the
@@ -299,55 +323,34 @@ class SeparatedPolicyLoss(_ClassmateLoss):
     The returned ``clip_ratio`` is the main term's (openrlhf's definition: surr2 < surr1).
     """
 
-    def __init__(
-        self,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        dual_clip: float | None = None,
-        classmate_clip_eps_low: float = 0.4,
-        classmate_clip_eps_high: float = 0.4,
-        classmate_dual_clip: float | None = None,
-        loss_agg_mode: str = "token-mean",
-        max_response_len: int | None = None,
-        ref_micro_batch_size: float | None = None,
-        policy_loss_type: str = "ppo",
-        is_correction_level: str = "off",
-        is_correction_mode: str = "mask",
-        is_correction_gating: str = "ratio",
-        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
-    ) -> None:
-        super().__init__(clip_eps_low, clip_eps_high, dual_clip, classmate_clip_eps_low, classmate_clip_eps_high,
-                         classmate_dual_clip, loss_agg_mode, max_response_len, ref_micro_batch_size,
-                         policy_loss_type, is_correction_level, is_correction_mode, is_correction_gating,
-                         is_correction_threshold)
-
     def _token_terms(self, ratio, advantages, classmate_advantages):
-        main_tok, main_clipped = _ppo_token_loss(
+        main_token_loss, main_clipped = _ppo_token_loss(
             ratio, advantages, self.clip_eps_low, self.clip_eps_high, self.dual_clip
         )
-        cm_tok, cm_clipped = _ppo_token_loss(
+        classmate_token_loss, classmate_clipped = _ppo_token_loss(
             ratio,
             classmate_advantages,
             self.classmate_clip_eps_low,
             self.classmate_clip_eps_high,
             self.classmate_dual_clip,
         )
-        return main_tok, cm_tok, main_clipped, cm_clipped
+        return main_token_loss, classmate_token_loss, main_clipped, classmate_clipped
 
     def token_loss(
         self,
         log_probs: torch.Tensor,
         old_log_probs: torch.Tensor,
         advantages: torch.Tensor,
+        *,
         classmate_advantages: torch.Tensor,
         action_mask: torch.Tensor | None = None,
         rollout_log_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-token loss [B, T] before aggregation (main term + classmate term, IS weight applied)."""
         ratio = self._ratio(log_probs, old_log_probs, action_mask, rollout_log_probs)
-        main_tok, cm_tok, _, _ = self._token_terms(ratio, advantages, classmate_advantages)
+        main_token_loss, classmate_token_loss, _, _ = self._token_terms(ratio, advantages, classmate_advantages)
         weight, _, _ = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
-        total = main_tok + cm_tok
+        total = main_token_loss + classmate_token_loss
         return total if weight is None else weight * total
 
     def forward(
@@ -366,29 +369,32 @@ class SeparatedPolicyLoss(_ClassmateLoss):
         _check_same_shape("advantages", advantages, log_probs)
         _check_same_shape("classmate_advantages", classmate_advantages, log_probs)
         ratio = self._ratio(log_probs, old_log_probs, action_mask, rollout_log_probs)
-        main_tok, cm_tok, main_clipped, cm_clipped = self._token_terms(ratio, advantages, classmate_advantages)
+        main_token_loss, classmate_token_loss, main_clipped, classmate_clipped = self._token_terms(
+            ratio, advantages, classmate_advantages
+        )
         weight, filter_ratio, vllm_kl = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
         if weight is not None:
-            main_tok, cm_tok = weight * main_tok, weight * cm_tok
+            main_token_loss, classmate_token_loss = weight * main_token_loss, weight * classmate_token_loss
         batch_info = (dp_size, batch_num_tokens, global_batch_size)
         # aggregate() is linear, so this equals aggregating the summed per-token loss.
-        main_loss = self._aggregate(main_tok, action_mask, *batch_info)
-        cm_loss = self._aggregate(cm_tok, action_mask, *batch_info)
-        loss = main_loss + cm_loss
+        main_loss = self._aggregate(main_token_loss, action_mask, *batch_info)
+        classmate_loss = self._aggregate(classmate_token_loss, action_mask, *batch_info)
+        loss = main_loss + classmate_loss
         clip_ratio = _masked_mean(main_clipped.float(), action_mask)
         ppo_kl = _masked_mean(-(log_probs - old_log_probs).detach(), action_mask)
         self.last_stats = {
             "main_loss": main_loss.detach(),
-            "classmate_loss": cm_loss.detach(),
+            "classmate_loss": classmate_loss.detach(),
             "main_clip_ratio": clip_ratio.detach(),
-            "classmate_clip_ratio": _masked_mean(cm_clipped.float(), action_mask).detach(),
+            "classmate_clip_ratio": _masked_mean(classmate_clipped.float(), action_mask).detach(),
             "ppo_kl": ppo_kl,
         }
         return loss, clip_ratio, ppo_kl, vllm_kl, filter_ratio
 
 
 class VanillaClassmatePolicyLoss(_ClassmateLoss):
-    """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (classmate_method.md §6.1), exactly.
+    """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (spec: classmate_method.md §6.1),
+    exactly.
 
     Per token, with ``r = exp(clamp(ℓθ - ℓold, ±20))``, ``c = exp(clamp(ℓcl - ℓold, ±20))`` (ℓcl = the classmate's
     log-prob of the main model's CoT token), ``r̄ = clamp(r, 1-ε_lo, 1+ε_hi)``, ``c̄ = clamp(c, 1-ε^c_lo, 1+ε^c_hi)``
@@ -399,13 +405,14 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
         L  = min(-v3, L1) where v2 < 0, else L1          (dual clip on the sign of v2; skipped if dual_clip is None)
 
     multiplied by upstream's rollout IS weight w when ``is_correction_level`` is on (module docstring), and
-    aggregated with ``loss_agg_mode`` (default ``seq-mean-token-sum-norm``, §6.2) over the response mask. The ratio
+    aggregated with ``loss_agg_mode`` (default ``seq-mean-token-sum-norm``, see :func:`aggregate`) over the response mask. The ratio
     is token-level: ``policy_loss_type="gspo"`` has no meaning for the two-ratio form and is refused.
 
     **The classmate advantage never contributes a gradient of its own.** c, c̄, A^c and v3 do not depend on θ
     (ℓcl comes from the classmate engine and ℓold is stored), so ∂L/∂ℓθ is -A^m·r on the v1 branch and on the v2
     branch with r inside the clip range, and 0 otherwise. A^c only changes which branch is active per CoT token and
-    adds constants to the reported loss (§6.1 "gradient fact", §11.1, §12.3); ``token_mode`` has no effect on the
+    adds constants to the reported loss (spec §6.1, §11.1; in the worked example of §12.3, checked in
+    ``tests/test_losses.py``, plain PPO clips a token that this loss does not); ``token_mode`` has no effect on the
     update. Use it to reproduce the reference runs; ``SeparatedPolicyLoss`` gives the classmate stream a gradient.
 
     ``classmate_log_probs`` may be -inf (or anything) outside the CoT: it is replaced by ℓold there before the
@@ -420,67 +427,63 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
         self,
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
+        *,
         dual_clip: float | None = 3.0,
-        classmate_clip_eps_low: float = 0.4,
-        classmate_clip_eps_high: float = 0.4,
         classmate_dual_clip: float | None = 3.0,
         loss_agg_mode: str = "seq-mean-token-sum-norm",
-        max_response_len: int | None = None,
-        ref_micro_batch_size: float | None = None,
         policy_loss_type: str = "ppo",
-        is_correction_level: str = "off",
-        is_correction_mode: str = "mask",
-        is_correction_gating: str = "ratio",
-        is_correction_threshold: tuple[float, float] = (0.5, 5.0),
+        **options,
     ) -> None:
+        """The reference's defaults (C = C_c = 3, ``seq-mean-token-sum-norm``); ``options`` as for
+        :class:`SeparatedPolicyLoss` (the shared constructor)."""
         if policy_loss_type != "ppo":
             raise ValueError("the vanilla_classmate loss is token-level (two per-token ratios); policy_loss_type "
                              f"{policy_loss_type!r} is not defined for it")
         if dual_clip is not None and classmate_dual_clip is None:
             raise ValueError("classmate_dual_clip must be set when dual_clip is set (v3 needs both constants)")
-        super().__init__(clip_eps_low, clip_eps_high, dual_clip, classmate_clip_eps_low, classmate_clip_eps_high,
-                         classmate_dual_clip, loss_agg_mode, max_response_len, ref_micro_batch_size,
-                         policy_loss_type, is_correction_level, is_correction_mode, is_correction_gating,
-                         is_correction_threshold)
+        super().__init__(clip_eps_low, clip_eps_high, dual_clip=dual_clip, classmate_dual_clip=classmate_dual_clip,
+                         loss_agg_mode=loss_agg_mode, policy_loss_type=policy_loss_type, **options)
 
     def _token_terms(self, log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask):
-        m = cot_mask.bool()
+        cot = cot_mask.bool()
         old = old_log_probs.detach()
         delta = (log_probs - old_log_probs).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP)
         r = delta.exp()
         r_clip = r.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high)
-        cl = torch.where(m, classmate_log_probs.detach().to(old.dtype), old)
-        c = (cl - old).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
+        classmate_lp = torch.where(cot, classmate_log_probs.detach().to(old.dtype), old)
+        c = (classmate_lp - old).clamp(min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP).exp()
         c_clip = c.clamp(1 - self.classmate_clip_eps_low, 1 + self.classmate_clip_eps_high)
         a_m = advantages
-        a_c = torch.where(m, classmate_advantages, classmate_advantages.new_zeros(()))
+        a_c = torch.where(cot, classmate_advantages, classmate_advantages.new_zeros(()))
 
         v1 = r * a_m + c * a_c
         v2 = r_clip * a_m + c_clip * a_c
-        loss_tok = torch.max(-v1, -v2)
+        per_token = torch.max(-v1, -v2)
         if self.dual_clip is not None:
             v3 = self.dual_clip * a_m + self.classmate_dual_clip * a_c
-            loss_tok = torch.where(v2 < 0, torch.min(-v3, loss_tok), loss_tok)
+            per_token = torch.where(v2 < 0, torch.min(-v3, per_token), per_token)
 
-        return loss_tok, (r, r_clip, c, c_clip, delta, m)
+        return per_token, (r, r_clip, c, c_clip, delta, cot)
 
     def token_loss(
         self,
         log_probs: torch.Tensor,
         old_log_probs: torch.Tensor,
         advantages: torch.Tensor,
+        *,
         classmate_advantages: torch.Tensor,
         classmate_log_probs: torch.Tensor,
         cot_mask: torch.Tensor,
         action_mask: torch.Tensor | None = None,
         rollout_log_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Per-token loss L [B, T] of §6.1 before aggregation (times the IS weight when correction is on)."""
-        loss_tok, _ = self._token_terms(
+        """Per-token loss L [B, T] of the class docstring before aggregation (times the IS weight when correction
+        is on)."""
+        per_token, _ = self._token_terms(
             log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
         )
         weight, _, _ = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
-        return loss_tok if weight is None else weight * loss_tok
+        return per_token if weight is None else weight * per_token
 
     def forward(
         self,
@@ -506,20 +509,20 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
             _check_same_shape(name, x, log_probs)
         if self.is_correction_level != "off" and rollout_log_probs is None:
             raise ValueError(f"is_correction_level={self.is_correction_level} needs rollout_log_probs")
-        loss_tok, terms = self._token_terms(
+        per_token, terms = self._token_terms(
             log_probs, old_log_probs, advantages, classmate_advantages, classmate_log_probs, cot_mask
         )
         weight, filter_ratio, vllm_kl = self._is_weight(old_log_probs, rollout_log_probs, action_mask)
         if weight is not None:
-            loss_tok = weight * loss_tok
-        r, r_clip, c, c_clip, delta, m = terms
-        loss = self._aggregate(loss_tok, action_mask, dp_size, batch_num_tokens, global_batch_size)
+            per_token = weight * per_token
+        r, r_clip, c, c_clip, delta, cot = terms
+        loss = self._aggregate(per_token, action_mask, dp_size, batch_num_tokens, global_batch_size)
         clip_ratio = _masked_mean((r != r_clip).float(), action_mask).detach()
         ppo_kl = _masked_mean(-delta.detach(), action_mask)
         self.last_stats = {
             "loss": loss.detach(),
             "main_clip_ratio": clip_ratio,
-            "classmate_clip_ratio": _masked_mean((c != c_clip).float(), m).detach(),
+            "classmate_clip_ratio": _masked_mean((c != c_clip).float(), cot).detach(),
             "ppo_kl": ppo_kl,
         }
         return loss, clip_ratio, ppo_kl, vllm_kl, filter_ratio

@@ -51,23 +51,23 @@ class ThinkFormat:
     stop_ids: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, tokenizer, think_open: str | None = "<think>", think_close: str | None = "</think>",
+    def of(cls, tokenizer, *, think_open: str | None = "<think>", think_close: str | None = "</think>",
            stop_ids: Sequence[int] = ()) -> ThinkFormat:
         """From the tag strings (each must be one token of ``tokenizer``); ``think_close=None`` for no think block."""
         if think_close is None:
             return cls(None, None, tuple(stop_ids))
-        open_id, close_id = think_token_ids(tokenizer, think_open, think_close)
+        open_id, close_id = think_token_ids(tokenizer, think_open=think_open, think_close=think_close)
         return cls(open_id, close_id, tuple(int(t) for t in stop_ids))
 
     def starts_in_think(self, prompt_ids: Sequence[int]) -> bool:
         """The prompt ends inside a think block (decided on its token ids, left-truncated or not)."""
         if self.think_open_id is None or self.think_close_id is None:
             return False
-        return prompt_opens_think(prompt_ids, self.think_open_id, self.think_close_id)
+        return prompt_opens_think(prompt_ids, think_open_id=self.think_open_id, think_close_id=self.think_close_id)
 
     def split(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> ResponseSplit:
-        return split_response_ids(response_ids, self.think_open_id, self.think_close_id, self.stop_ids,
-                                  self.starts_in_think(prompt_ids))
+        return split_response_ids(response_ids, think_open_id=self.think_open_id, think_close_id=self.think_close_id,
+                                  stop_ids=self.stop_ids, starts_in_think=self.starts_in_think(prompt_ids))
 
 
 def decoded_answer(tokenizer, response_ids: Sequence[int], split: ResponseSplit) -> str | None:
@@ -83,7 +83,7 @@ def decoded_cot(tokenizer, response_ids: Sequence[int], split: ResponseSplit) ->
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def char_boundary(tokenizer, cot_ids: Sequence[int], keep: int, max_back: int = 8) -> int:
+def char_boundary(tokenizer, cot_ids: Sequence[int], keep: int, *, max_back: int = 8) -> int:
     """The largest ``k <= keep`` such that cutting ``cot_ids`` before position ``k`` splits no character.
 
     A cut between the byte tokens of one character (byte-level BPE, SentencePiece byte fallback) decodes to U+FFFD;

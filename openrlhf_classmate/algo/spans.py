@@ -31,7 +31,7 @@ Truncation (``truncate_cot``) keeps a prefix ``[start, start + floor(keep * leng
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -49,6 +49,7 @@ class ResponseSplit:
     cot_end: int
     answer_start: int
     answer_end: int
+    _: KW_ONLY
     status: str
     stopped: bool
 
@@ -71,6 +72,7 @@ def stop_id_set(stop_ids: int | Collection[int] | None) -> frozenset[int]:
 
 def split_response_ids(
     response_ids: Sequence[int] | torch.Tensor,
+    *,
     think_open_id: int | None,
     think_close_id: int | None,
     stop_ids: int | Collection[int] | None = None,
@@ -82,19 +84,19 @@ def split_response_ids(
     stopped = bool(ids) and ids[-1] in stop_id_set(stop_ids)
     body = len(ids) - int(stopped)
     if think_close_id is None:
-        return ResponseSplit(0, 0, 0, body, "no_think", stopped)
+        return ResponseSplit(0, 0, 0, body, status="no_think", stopped=stopped)
     if think_open_id is None or starts_in_think:
         start = 0
     else:
         try:
             start = ids.index(think_open_id, 0, body) + 1
         except ValueError:
-            return ResponseSplit(0, body, body, body, "unopened", stopped)
+            return ResponseSplit(0, body, body, body, status="unopened", stopped=stopped)
     try:
         close = ids.index(think_close_id, start, body)
     except ValueError:
-        return ResponseSplit(start, body, body, body, "unclosed", stopped)
-    return ResponseSplit(start, close, close + 1, body, "answer", stopped)
+        return ResponseSplit(start, body, body, body, status="unclosed", stopped=stopped)
+    return ResponseSplit(start, close, close + 1, body, status="answer", stopped=stopped)
 
 
 @dataclass
@@ -129,7 +131,7 @@ def _check_response_mask(response_ids: torch.Tensor, response_mask: torch.Tensor
     return valid
 
 
-def prompt_opens_think(prompt_ids, think_open_id: int, think_close_id: int) -> bool:
+def prompt_opens_think(prompt_ids, *, think_open_id: int, think_close_id: int) -> bool:
     """True when a prompt ends inside a think block: its last ``think_open_id`` comes after its last
     ``think_close_id`` (the template opened the CoT, so the response starts inside it). Token ids, not text, so a
     closed think block of an earlier turn or a tag-like string in the user's message does not count."""
@@ -142,6 +144,7 @@ def prompt_opens_think(prompt_ids, think_open_id: int, think_close_id: int) -> b
 def cot_mask(
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
+    *,
     think_open_id: int | None,
     think_close_id: int,
     stop_ids: int | Collection[int] | None = None,
@@ -158,7 +161,8 @@ def cot_mask(
     lengths = valid.sum(dim=1).tolist()
     inside = [False] * batch if starts_in_think is None else starts_in_think.bool().tolist()
     stops = stop_id_set(stop_ids)
-    splits = [split_response_ids(row[:n], think_open_id, think_close_id, stops, opened)
+    splits = [split_response_ids(row[:n], think_open_id=think_open_id, think_close_id=think_close_id, stop_ids=stops,
+                                 starts_in_think=opened)
               for row, n, opened in zip(response_ids.tolist(), lengths, inside, strict=True)]
     device = response_ids.device
     start = torch.tensor([sp.cot_start for sp in splits], dtype=torch.long, device=device)
@@ -186,6 +190,7 @@ def think_token_ids(tokenizer, think_open: str = "<think>", think_close: str = "
 
 def truncate_cot(
     spans: CotSpans,
+    *,
     mode: str,
     keep_min: float = 0.1,
     keep_max: float = 0.9,

@@ -72,16 +72,16 @@ def check_ladder(thresholds: Sequence[float], rewards: Sequence[float]) -> None:
         raise ValueError(f"ladder thresholds must increase strictly, got {list(thresholds)}")
 
 
-def ladder_bucket(value: float, thresholds: Sequence[float] = LADDER_THRESHOLDS) -> int:
+def ladder_bucket(value: float, *, thresholds: Sequence[float] = LADDER_THRESHOLDS) -> int:
     """Index k of the rung with ``thresholds[k-1] <= value < thresholds[k]`` (0 below the first threshold)."""
     return sum(value >= t for t in thresholds)
 
 
-def map_improvement(value: float, mapping: str = "ladder", thresholds: Sequence[float] = LADDER_THRESHOLDS,
+def map_improvement(value: float, *, mapping: str = "ladder", thresholds: Sequence[float] = LADDER_THRESHOLDS,
                     rewards: Sequence[float] = LADDER_REWARDS) -> float:
     """The reward of an improvement ``value`` (percent) under ``mapping`` (see the module docstring)."""
     if mapping == "ladder":
-        return float(rewards[ladder_bucket(value, thresholds)])
+        return float(rewards[ladder_bucket(value, thresholds=thresholds)])
     if mapping == "clipped":
         return max(value, 0.0)
     if mapping == "binary":
@@ -97,7 +97,9 @@ def ladder_bucket_names(thresholds: Sequence[float] = LADDER_THRESHOLDS) -> list
     return [f"lt_{t[0]}"] + [f"{a}_to_{b}" for a, b in zip(t, t[1:])] + [f"ge_{t[-1]}"]
 
 
-def improvement_stats(values: Sequence[float], quantiles: Sequence[float] = IMPROVEMENT_QUANTILES) -> dict[str, float]:
+def improvement_stats(
+    values: Sequence[float], *, quantiles: Sequence[float] = IMPROVEMENT_QUANTILES
+) -> dict[str, float]:
     """Mean, min, max and quantiles (linear interpolation) of the improvements of the valid samples; {} if none."""
     if not values:
         return {}

@@ -155,7 +155,7 @@ def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> l
     return rows
 
 
-def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwargs: dict,
+def render_prompts(tokenizer, rows: list[Row], *, chat_template: bool, template_kwargs: dict,
                    think_ids: tuple[int, int] | None) -> tuple[list[list[int]], list[bool]]:
     """Prompt token ids, and whether each rendered prompt already opens the think block (decided on token ids by
     ``algo.spans.prompt_opens_think``, the same function the trainer uses)."""
@@ -169,19 +169,21 @@ def render_prompts(tokenizer, rows: list[Row], chat_template: bool, template_kwa
         else:
             text = "\n".join(str(m.get("content", "")) for m in row.messages)
         ids.append(list(tokenizer.encode(text, add_special_tokens=False)))
-        opened.append(think_ids is not None and prompt_opens_think(ids[-1], *think_ids))
+        opened.append(think_ids is not None
+                      and prompt_opens_think(ids[-1], think_open_id=think_ids[0], think_close_id=think_ids[1]))
     return ids, opened
 
 
-def split_response(token_ids: list[int], tokenizer, open_id: int | None, close_id: int | None, opened: bool,
-                   stop_ids) -> dict[str, Any]:
+def split_response(token_ids: list[int], tokenizer, *, open_id: int | None, close_id: int | None,
+                   starts_in_think: bool, stop_ids) -> dict[str, Any]:
     """CoT / answer split on token ids with the trainer's own split (``algo.spans.split_response_ids``, the one the
     classmate stage and the main reward use); ``close_id=None``: no think block at all. ``stop_ids``: every EOS id
     of the model's generation config."""
     from openrlhf_classmate.algo.response_split import decoded_answer, decoded_cot
     from openrlhf_classmate.algo.spans import split_response_ids
 
-    split = split_response_ids(token_ids, open_id, close_id, stop_ids, starts_in_think=opened)
+    split = split_response_ids(token_ids, think_open_id=open_id, think_close_id=close_id, stop_ids=stop_ids,
+                               starts_in_think=starts_in_think)
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
     if close_id is None:
         return {"response": text, "cot": None, "cot_ids": None, "answer": decoded_answer(tokenizer, token_ids, split),
@@ -372,13 +374,14 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     open_id = close_id = None
     if not args.no_think:
         try:
-            open_id, close_id = think_token_ids(tokenizer, args.think_open, args.think_close)
+            open_id, close_id = think_token_ids(tokenizer, think_open=args.think_open, think_close=args.think_close)
         except ValueError as e:
             raise EvaluationError(f"{e}; set --think-open/--think-close, or --no-think for a model without a think "
                                   "block") from None
     think_ids = None if args.no_think else (open_id, close_id)
     stop_ids = load_stop_token_ids(args.model, tokenizer)  # every id generation stops on, as in training
-    prompt_ids, opened = render_prompts(tokenizer, rows, not args.no_chat_template, template_kwargs, think_ids)
+    prompt_ids, opened = render_prompts(tokenizer, rows, chat_template=not args.no_chat_template,
+                                        template_kwargs=template_kwargs, think_ids=think_ids)
     backend = resolve_backend(args.backend)
     log(f"{len(rows)} prompts x {args.samples} samples, model {args.model}, backend {backend}")
 
@@ -394,7 +397,8 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     splits: list[dict[str, Any]] = []
     for p, (row, gens) in enumerate(zip(rows, generations, strict=True)):
         for s, gen in enumerate(gens):
-            split = split_response(gen.token_ids, tokenizer, open_id, close_id, opened[p], stop_ids)
+            split = split_response(gen.token_ids, tokenizer, open_id=open_id, close_id=close_id,
+                                   starts_in_think=opened[p], stop_ids=stop_ids)
             splits.append(split)
             records.append({
                 "index": len(records), "prompt_index": p, "sample_index": s,
@@ -475,7 +479,8 @@ def _run_classmate(args, generator_factory, main_tokenizer, rows, records, split
     messages = [rows[r["prompt_index"]].label.get("messages") or rows[r["prompt_index"]].messages for r in records]
     try:
         inputs = build_classmate_inputs(tokenizer, messages, [s["cot_ids"] for s in splits], main_tokenizer,
-                                        args.classmate_prompt_mode, args.think_open, args.think_close,
+                                        mode=args.classmate_prompt_mode, think_open=args.think_open,
+                                        think_close=args.think_close,
                                         max_context=max_context, max_new_tokens=args.classmate_max_new_tokens)
     except ValueError as e:
         raise EvaluationError(f"--classmate {args.classmate}: {e}") from None

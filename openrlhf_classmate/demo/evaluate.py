@@ -98,7 +98,7 @@ def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: lis
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = True
     stops = stop_token_ids(main_tok, main_model.generation_config)
-    spans = cot_mask(ids, mask, open_id, close_id, stops)
+    spans = cot_mask(ids, mask, think_open_id=open_id, think_close_id=close_id, stop_ids=stops)
     form = ThinkFormat(open_id, close_id, stops)
 
     rows, classmate_prompts = [], []

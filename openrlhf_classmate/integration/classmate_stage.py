@@ -132,10 +132,11 @@ class ClassmateStage:
         for i, r in enumerate(responses):
             ids[i, : len(r)] = r
             mask[i, : len(r)] = True
-        opened = torch.tensor([prompt_opens_think(prompt_ids_of(s), self.open_id, self.close_id) for s in samples],
-                              dtype=torch.bool)
-        full = cot_mask(ids, mask, self.open_id, self.close_id, self.stop_ids, starts_in_think=opened)
-        kept, skip = truncate_cot(full, self.cfg.truncation, self.cfg.keep_min, self.cfg.keep_max, self.generator)
+        tags = dict(think_open_id=self.open_id, think_close_id=self.close_id)
+        opened = torch.tensor([prompt_opens_think(prompt_ids_of(s), **tags) for s in samples], dtype=torch.bool)
+        full = cot_mask(ids, mask, **tags, stop_ids=self.stop_ids, starts_in_think=opened)
+        kept, skip = truncate_cot(full, mode=self.cfg.truncation, keep_min=self.cfg.keep_min,
+                                  keep_max=self.cfg.keep_max, generator=self.generator)
         kept = self._at_char_boundaries(responses, full, kept)
         cot = [kept.mask[i, : len(r)] for i, r in enumerate(responses)]
         return Spans(responses, cot, full.length, full.has_answer, skip, opened)
@@ -180,8 +181,8 @@ class ClassmateStage:
         cot_ids = [r[c].tolist() for r, c in zip(spans.response_ids, spans.cot)]
         inputs = [
             build_classmate_inputs(
-                tok, messages, cot_ids, self.main_tokenizer, self.cfg.prompt_mode,
-                self.cfg.classmate_think_open, self.cfg.classmate_think_close,
+                tok, messages, cot_ids, self.main_tokenizer, mode=self.cfg.prompt_mode,
+                think_open=self.cfg.classmate_think_open, think_close=self.cfg.classmate_think_close,
                 max_context=self.cfg.max_context, max_new_tokens=self.cfg.max_new_tokens,
                 skip=spans.skip.tolist(),
             )
@@ -248,7 +249,8 @@ class ClassmateStage:
                 if not request.valid:
                     reasons[_reason_key(request.skip_reason)] += s_samples
         reward, sample_valid, raw_mean = combine_classmate_scores(
-            scores, valid, main_rewards.double(), self.cfg.weights, self.cfg.reward_weight, self.cfg.condition
+            scores, valid, main_rewards.double(),
+            weights=self.cfg.weights, lam=self.cfg.reward_weight, condition=self.cfg.condition,
         )
         if main_valid is not None and self.cfg.condition in CONDITIONS_ON_MAIN:
             # the condition reads the main score; without a valid one the classmate reward is undefined too

@@ -53,7 +53,7 @@ class RewardHook(Protocol):
         ...
 
 
-def _pad_rows(rows: list[torch.Tensor], fill) -> torch.Tensor:
+def _pad_rows(rows: list[torch.Tensor], *, fill) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
     out = torch.full((len(rows), width), fill, dtype=rows[0].dtype if rows else torch.float32)
     for i, r in enumerate(rows):
@@ -61,7 +61,7 @@ def _pad_rows(rows: list[torch.Tensor], fill) -> torch.Tensor:
     return out
 
 
-def to_action_space(sample, per_response: torch.Tensor, fill) -> torch.Tensor:
+def to_action_space(sample, per_response: torch.Tensor, *, fill) -> torch.Tensor:
     """Place a response-space row [R] into the sample's action space [A] (``action_mask`` marks the response)."""
     action = sample.action_mask[0].bool()
     out = torch.full(action.shape, fill, dtype=per_response.dtype)
@@ -163,11 +163,13 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             stage_time = max(result.finished_at, t_forward) - t_start
             overlap = max(0.0, min(t_forward_end, result.finished_at) - t_forward)
         result.metrics["classmate/actor_ref_forward_time"] = t_forward_end - t_forward  # for the step-time bench
-        out, cot, shaping = self._classmate_advantages(rollout_samples, experiences, main_valid, result)
-        self._attach(experiences, out, cot, rollout_samples, result)
+        advantages, cot_masks, shaping = self._compute_classmate_advantages(
+            rollout_samples, experiences, main_valid, result
+        )
+        self._attach_classmate_tensors(experiences, rollout_samples, advantages, cot_masks, result)
         shaping["penalty"] = shaping.pop("main_rewards") - raw_main.double()
-        self._log_classmate(experiences, rollout_samples, out, cot, main_valid, result, stage_time, overlap,
-                            shaping)
+        self._log_classmate_metrics(experiences, rollout_samples, advantages, cot_masks, main_valid, result,
+                                    stage_time, overlap, shaping)
         self._log_main(experiences, main_valid, hook_metrics)
         return experiences
 
@@ -197,28 +199,32 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                     main_clip=tuple(args.reward.clip_range) if args.reward.clip_range else None, whiten=whiten,
                     eps=1e-9 if estimator == "group_norm" else 1e-6)  # upstream's group_norm uses std + 1e-9
 
-    def _classmate_advantages(self, samples, experiences, main_valid, result):
+    def _compute_classmate_advantages(self, samples, experiences, main_valid, result):
+        """Both streams' advantages for the whole rollout batch, in rollout order: ``(advantages, cot_masks,
+        shaping)``, with ``advantages`` the dict of :func:`compute_advantages` ([N, A] tensors, A = the widest action
+        space), ``cot_masks`` [N, A] bool and ``shaping`` what upstream's reward shaping put into the main stream
+        (for the metrics)."""
         cfg = self.args.classmate
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
-        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
-        cot = _pad_rows([to_action_space(s, c, False) for s, c in zip(samples, result.cot)], False)
+        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
+        cot_masks = _pad_rows([to_action_space(s, c, fill=False) for s, c in zip(samples, result.cot)], fill=False)
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
         shaping = {"main_rewards": upstream["main_rewards"], "kl_return": upstream["kl_return"],
                    "response": action_masks}
-        out = compute_advantages(
+        advantages = compute_advantages(
             cfg.estimator,
             upstream.pop("main_rewards"),
             result.reward.double(),
             group,
-            action_masks,
-            cot,
+            response_mask=action_masks,
+            cot_mask=cot_masks,
             token_mode=cfg.token_mode,
             main_valid=main_valid,
             classmate_valid=result.valid,
             weights=tuple(cfg.gdpo_weights),
             **upstream,
         )
-        return out, cot, shaping
+        return advantages, cot_masks, shaping
 
     def _mask_invalid_main(self, samples, experiences, main_valid) -> None:
         """Plain runs: invalid main scores leave the group statistics and get zero advantage."""
@@ -229,33 +235,34 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                 ok = main_valid[torch.tensor(exp.index)].unsqueeze(1)
                 exp.advantages = torch.where(ok, exp.advantages, torch.zeros_like(exp.advantages))
             return
-        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], False)
+        action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
-        out = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, action_masks,
-                                 torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
+        masked = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, response_mask=action_masks,
+                                    cot_mask=torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
         for exp in experiences:
             index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
-            exp.advantages = out["advantages"][index, :width].to(exp.advantages.dtype)
+            exp.advantages = masked["advantages"][index, :width].to(exp.advantages.dtype)
 
-    def _attach(self, experiences, out, cot, samples, result) -> None:
-        """The per-token tensors of both streams, onto each micro-batch experience (rows by ``experience.index``)."""
+    def _attach_classmate_tensors(self, experiences, samples, advantages, cot_masks, result) -> None:
+        """Replace upstream's advantages and add the classmate fields (``ClassmateExperience``) on each micro-batch
+        experience, cutting its rows (``experience.index``) and width out of the rollout-batch tensors."""
         separated = uses_separated_loss(self.args)
         log_probs = None
         if result.classmate_log_probs is not None:
             log_probs = _pad_rows(
-                [to_action_space(s, lp, float("-inf")) for s, lp in zip(samples, result.classmate_log_probs)],
-                float("-inf"),
+                [to_action_space(s, lp, fill=float("-inf")) for s, lp in zip(samples, result.classmate_log_probs)],
+                fill=float("-inf"),
             )
         for exp in experiences:
             index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
             dtype = exp.action_log_probs.dtype
             if separated:
-                exp.advantages = out["main_advantages"][index, :width].to(dtype)
-                exp.classmate_advantages = out["classmate_advantages"][index, :width].to(dtype)
+                exp.advantages = advantages["main_advantages"][index, :width].to(dtype)
+                exp.classmate_advantages = advantages["classmate_advantages"][index, :width].to(dtype)
             else:
-                exp.advantages = out["advantages"][index, :width].to(dtype)
-            exp.cot_mask = cot[index, :width]
+                exp.advantages = advantages["advantages"][index, :width].to(dtype)
+            exp.cot_mask = cot_masks[index, :width]
             if log_probs is not None:
                 exp.classmate_log_probs = log_probs[index, :width]
 
@@ -275,25 +282,27 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             for key, value in (step_metrics or {}).items():
                 exp.info[key] = torch.full((len(exp.index),), float(value))
 
-    def _log_classmate(self, experiences, samples, out, cot, main_valid, result, stage_time: float,
-                       overlap: float, shaping: dict) -> None:
+    def _log_classmate_metrics(self, experiences, samples, advantages, cot_masks, main_valid, result,
+                               stage_time: float, overlap: float, shaping: dict) -> None:
+        """The ``classmate/*`` metrics into each experience's ``info`` (one value per sample; per-step values are
+        broadcast, so upstream's sample-weighted mean is the value itself)."""
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
         main_rewards = torch.zeros(len(samples))
         for exp in experiences:
             main_rewards[torch.tensor(exp.index)] = exp.rewards.float()
-        main_std = group_std(main_rewards, group, main_valid)
-        classmate_std = group_std(result.reward, group, result.valid)
-        reward = _broadcast_valid_mean(result.reward, result.valid)
-        raw = _broadcast_valid_mean(result.raw_mean, result.valid)
+        main_std = group_std(main_rewards, group, valid=main_valid)
+        classmate_std = group_std(result.reward, group, valid=result.valid)
+        classmate_reward = _broadcast_valid_mean(result.reward, result.valid)
+        classmate_raw_mean = _broadcast_valid_mean(result.raw_mean, result.valid)
         cot_logprob = None
         if result.classmate_log_probs is not None:
-            per_row = torch.stack([
-                torch.where(c, lp, torch.zeros(())).sum() / c.sum().clamp(min=1)
-                for lp, c in zip(result.classmate_log_probs, result.cot)
+            mean_per_row = torch.stack([
+                torch.where(cot, lp, torch.zeros(())).sum() / cot.sum().clamp(min=1)
+                for lp, cot in zip(result.classmate_log_probs, result.cot)
             ])
-            has = torch.tensor([bool(torch.isfinite(lp[c]).all() and c.any())
-                                for lp, c in zip(result.classmate_log_probs, result.cot)])
-            cot_logprob = _broadcast_valid_mean(torch.where(has, per_row, torch.zeros(())), has)
+            has_logprobs = torch.tensor([bool(torch.isfinite(lp[cot]).all() and cot.any())
+                                         for lp, cot in zip(result.classmate_log_probs, result.cot)])
+            cot_logprob = _broadcast_valid_mean(torch.where(has_logprobs, mean_per_row, torch.zeros(())), has_logprobs)
         separated = self.args.classmate.estimator in SEPARATED
         # what upstream's reward shaping did to the main stream: length penalties (per response) and the KL return
         # (per response token), so a user can see both options at work
@@ -303,26 +312,28 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             kl_return = float(shaping["kl_return"][shaping["response"]].mean())
         for exp in experiences:
             index = torch.tensor(exp.index)
-            b = len(exp.index)
+            rows = len(exp.index)
             if separated:
                 # sanity metric: with classmate_partial the classmate advantage must vanish outside the CoT
-                cm_adv = out["classmate_advantages"][index, : exp.action_mask.shape[1]]
-                m = exp.cot_mask
-                outside = exp.action_mask.bool() & ~m
-                exp.info["classmate/adv_abs_outside_cot"] = (cm_adv.abs() * outside).sum(-1).float()
-                exp.info["classmate/adv_abs_on_cot"] = ((cm_adv.abs() * m).sum(-1) / m.sum(-1).clamp(min=1)).float()
+                classmate_abs = advantages["classmate_advantages"][index, : exp.action_mask.shape[1]].abs()
+                on_cot = exp.cot_mask
+                outside = exp.action_mask.bool() & ~on_cot
+                exp.info["classmate/adv_abs_outside_cot"] = (classmate_abs * outside).sum(-1).float()
+                exp.info["classmate/adv_abs_on_cot"] = (
+                    (classmate_abs * on_cot).sum(-1) / on_cot.sum(-1).clamp(min=1)
+                ).float()
             if cot_logprob is not None:
                 # how likely the classmate finds the main CoT, per token (vanilla_classmate's c_t numerator)
                 exp.info["classmate/cot_logprob"] = cot_logprob[index]
-            exp.info["classmate/reward"] = reward[index]
-            exp.info["classmate/reward_raw"] = raw[index]
+            exp.info["classmate/reward"] = classmate_reward[index]
+            exp.info["classmate/reward_raw"] = classmate_raw_mean[index]
             exp.info["classmate/valid"] = result.valid[index].float()
             exp.info["classmate/main_group_reward_std"] = main_std[index]
             exp.info["classmate/classmate_group_reward_std"] = classmate_std[index]
-            exp.info["classmate/cot_tokens"] = cot[index].sum(-1).float()
-            exp.info["classmate/stage_time"] = torch.full((b,), stage_time)
-            exp.info["classmate/stage_overlap_time"] = torch.full((b,), overlap)
-            exp.info["classmate/main_length_penalty"] = torch.full((b,), penalty)
-            exp.info["classmate/main_kl_return"] = torch.full((b,), kl_return)
+            exp.info["classmate/cot_tokens"] = cot_masks[index].sum(-1).float()
+            exp.info["classmate/stage_time"] = torch.full((rows,), stage_time)
+            exp.info["classmate/stage_overlap_time"] = torch.full((rows,), overlap)
+            exp.info["classmate/main_length_penalty"] = torch.full((rows,), penalty)
+            exp.info["classmate/main_kl_return"] = torch.full((rows,), kl_return)
             for key, value in result.metrics.items():
-                exp.info[key] = torch.full((b,), float(value))
+                exp.info[key] = torch.full((rows,), float(value))

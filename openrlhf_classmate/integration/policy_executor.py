@@ -33,9 +33,9 @@ def think_format_from_env(tokenizer) -> ThinkFormat:
     raw = os.environ.get("OPENRLHF_CLASSMATE_STOP_IDS")
     stops = json.loads(raw) if raw else load_stop_token_ids(getattr(tokenizer, "name_or_path", None), tokenizer)
     if os.environ.get("OPENRLHF_CLASSMATE_FINAL_ANSWER", "after_think") == "whole_response":
-        return ThinkFormat.of(tokenizer, None, None, stops)
-    return ThinkFormat.of(tokenizer, os.environ.get("OPENRLHF_CLASSMATE_THINK_OPEN", "<think>"),
-                          os.environ.get("OPENRLHF_CLASSMATE_THINK_CLOSE", "</think>"), stops)
+        return ThinkFormat.of(tokenizer, think_open=None, think_close=None, stop_ids=stops)
+    return ThinkFormat.of(tokenizer, think_open=os.environ.get("OPENRLHF_CLASSMATE_THINK_OPEN", "<think>"),
+                          think_close=os.environ.get("OPENRLHF_CLASSMATE_THINK_CLOSE", "</think>"), stop_ids=stops)
 
 
 _REPORTED: set[str] = set()

@@ -206,16 +206,16 @@ class DarlingRewardHook:
         num_classes, largest = [], []
         for g in groups:
             if cfg.diversity == "ngram":
-                div, known = ngram_diversity(g.texts, cfg.ngram_n), [True] * n
+                div, known = ngram_diversity(g.texts, n=cfg.ngram_n), [True] * n
             else:
                 class_of, known = partition(n, g.same)
                 if cfg.diversity == "partition":
-                    div = partition_diversity(class_of, cfg.diversity_floor)
+                    div = partition_diversity(class_of, floor=cfg.diversity_floor)
                 else:
-                    div = partition_correct_diversity(class_of, g.correct, cfg.diversity_floor)
+                    div = partition_correct_diversity(class_of, g.correct, floor=cfg.diversity_floor)
                 num_classes.append(len(set(class_of)))
                 largest.append(max(class_sizes(class_of)))
-            r, ok = combine(g.quality, div, cfg.combine, lambda_quality=cfg.lambda_quality,
+            r, ok = combine(g.quality, div, mode=cfg.combine, lambda_quality=cfg.lambda_quality,
                             lambda_diversity=cfg.lambda_diversity, min_shift=cfg.min_shift,
                             quality_known=g.quality_known, diversity_known=known)
             rewards += r
@@ -257,14 +257,15 @@ class DarlingRewardHook:
             for a, b in all_pairs(len(g.texts)):
                 if cfg.diversity == "partition_correct" and not (g.correct[a] and g.correct[b]):
                     continue  # only the correct responses are partitioned
-                verdict = short_answer_rule(g.texts[a], g.texts[b], cfg.short_answer_words) \
+                verdict = short_answer_rule(g.texts[a], g.texts[b], max_words=cfg.short_answer_words) \
                     if cfg.short_answer_words > 0 else None
                 if verdict is not None:
                     g.same[(a, b)] = verdict
                     short += 1
                 else:
                     asks.append((g, (a, b)))
-                    texts.append(pair_text(g.texts[a], g.texts[b], cfg.cls_token, cfg.sep_token, cfg.max_len))
+                    texts.append(pair_text(g.texts[a], g.texts[b], cls=cfg.cls_token, sep=cfg.sep_token,
+                                           max_len=cfg.max_len))
         if not texts:
             return {"darling/pairs_classified": 0.0, "darling/pairs_short_rule": float(short),
                     "darling/pairs_unknown": 0.0, "darling/classifier_retries": 0.0, "darling/classifier_time": 0.0}

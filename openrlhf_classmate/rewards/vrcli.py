@@ -341,12 +341,13 @@ class VrcliRewardHook:
                         else float(row.label["baseline_ppl"]))
                 plan = math.exp(nll[row.item])
                 value = improvement(base, plan)
-                reward = map_improvement(value, cfg.mapping, cfg.thresholds, cfg.ladder_rewards)
+                reward = map_improvement(value, mapping=cfg.mapping, thresholds=cfg.thresholds,
+                                         rewards=cfg.ladder_rewards)
                 valid = True
                 improvements.append(value)
                 ppl_plan.append(plan)
                 ppl_base.append(base)
-                buckets[ladder_bucket(value, cfg.thresholds)] += 1
+                buckets[ladder_bucket(value, thresholds=cfg.thresholds)] += 1
             elif row.reason == "no_plan" and cfg.missing_plan == "zero":
                 valid = True
             _set_reward(sample, reward, valid)
