@@ -94,7 +94,9 @@ class ClassmateConfig:
                   "range": Bound(0, 1, lo_open=True)},
     )
     top_k: int = field(
-        default=-1, metadata={"help": "Sample the classmate answers from the k most likely tokens only; -1 = off", "range": Bound(lo=-1)}
+        default=-1,
+        metadata={"help": "Sample the classmate answers from the k most likely tokens only; -1 = off",
+                  "range": Bound(lo=-1)},
     )
     samples: int = field(
         default=1, metadata={"help": "Answers S sampled per classmate model and CoT; a response's classmate score is "
@@ -163,7 +165,8 @@ class ClassmateConfig:
     estimator: str | None = field(
         default=None,
         metadata={"help": "How the main and classmate rewards become advantages. grpo: one baseline of their sum; "
-                          "grpo_w_classmate: that sum on CoT tokens, the main advantage elsewhere; gdpo: per-stream "
+                          "grpo_w_classmate: that advantage on the tokens of --classmate.token_mode, the main advantage "
+                          "elsewhere; gdpo: per-stream "
                           "baselines, weighted (--classmate.gdpo_weights) and batch-normalised; gdpo_wo_bn: without "
                           "the batch normalisation; separated / separated_non_neg: two advantage streams (the "
                           "classmate's clipped at 0 in the latter) trained by the two-term loss. The per-stream "
