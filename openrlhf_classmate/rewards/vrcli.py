@@ -150,7 +150,7 @@ def validate_vrcli_args(args: SimpleNamespace) -> None:
         _fail(f"--vrcli.enable with --rollout.temperature {args.rollout.temperature}: upstream's reference actor "
               "divides its logits by the rollout temperature, so the perplexities would be those of a tempered "
               "model; use --rollout.temperature 1.0 (the released runs did)")
-    from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH, classmate_enabled
+    from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH, classmate_enabled, log_resolved
 
     if args.train.agent_func_path or args.reward.model_name_or_path or (args.reward.remote_url or []) != [
             REWARD_FUNC_PATH]:
@@ -176,6 +176,8 @@ def validate_vrcli_args(args: SimpleNamespace) -> None:
     if v.max_tokens_per_forward < 0 or v.max_len < 0:
         _fail("--vrcli.max_tokens_per_forward and --vrcli.max_len must be >= 0 (0 = no limit)")
     args.reward.remote_url = [PENDING_REWARD_FUNC_PATH]
+    log_resolved(f"--reward.remote_url {PENDING_REWARD_FUNC_PATH} (--vrcli.enable: the experience maker computes "
+                 "the reward; the engines only mark it pending)")
     v.reference_checksum = None
     if v.baseline == "dataset":
         from openrlhf_classmate.rewards.likelihood import model_checksum
