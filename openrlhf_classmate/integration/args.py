@@ -25,10 +25,13 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
     _resolve_upstream_defaults(flat, argv)             -> reward.remote_url := our reward function (no reward given),
                                                           algo.advantage.estimator := group_norm (classmate run
                                                           without one); each logged
+    classmate run with --rollout.n_samples_per_prompt < 2 -> error (before upstream's bare assert on the same)
     exec upstream's statements after parse_args(),     -> hierarchize (nested args.actor.adam.lr) and upstream's
       except the final train(args)                        checks; an AssertionError becomes a ConfigError
     resolve_classmate_args -> validate_classmate_args  -> our derived values (logged), then our checks
-    validate_reward_method_args, validate_vrcli_args, check_sampling_args
+    validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
+                                                          engine reward for a pending one, logged)
+    check_sampling_args                                -> every sampling setting through vLLM's SamplingParams
 
 The launcher (``cli/train_ppo_ray.py``) then runs the preflight and starts Ray.
 """
