@@ -59,11 +59,37 @@ def test_without_classmate_it_is_upstream_plus_the_registry_reward():
 
 def test_classmate_defaults_and_derived_values():
     args = parse_args(BASE + CLASSMATE + ["--data.max_len", "1024", "--classmate.max_new_tokens", "256"])
-    c = args.classmate
-    assert c.estimator == "gdpo" and c.token_mode == "classmate_partial" and c.prompt_mode == "retokenize"
-    assert c.max_context == 1024 + 256
-    assert c.classmate_think_open == "<think>" and c.eps_clip_low_high == [0.4, 0.4]
+    cfg = args.classmate
+    assert cfg.estimator == "gdpo" and cfg.token_mode == "classmate_partial" and cfg.prompt_mode == "retokenize"
+    assert cfg.max_context == 1024 + 256
+    assert cfg.classmate_think_open == "<think>" and cfg.eps_clip_low_high == [0.4, 0.4]
     assert args.engine.backend == ("vllm" if real_vllm_available() else "hf")  # auto: vLLM where it is installed
+
+
+def test_values_set_for_the_user_are_logged_once_each(capsys):
+    args = parse_args(BASE + CLASSMATE + ["--data.max_len", "1024", "--classmate.max_new_tokens", "256"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[openrlhf_classmate] ")]
+    expected = [
+        f"--reward.remote_url {REWARD_FUNC_PATH} (no reward given:",
+        "--algo.advantage.estimator group_norm (a classmate run needs a per-prompt-group baseline; upstream's "
+        "default is gae)",
+        "--classmate.classmate_think_open <think> (from --classmate.think_open)",
+        "--classmate.classmate_think_close </think> (from --classmate.think_close)",
+        f"--engine.backend {args.engine.backend} (auto:",
+        "--classmate.estimator gdpo (the default with a classmate)",
+        "--classmate.max_context 1280 (--data.max_len 1024 + --classmate.max_new_tokens 256)",
+    ]
+    assert len(lines) == len(expected), lines
+    for line, start in zip(lines, expected):
+        assert line.removeprefix("[openrlhf_classmate] ").startswith(start), line
+
+
+def test_values_the_user_gave_are_not_logged(capsys):
+    parse_args(BASE + CLASSMATE + ["--reward.remote_url", "http://a:1/score", "--algo.advantage.estimator", "rloo",
+                                   "--classmate.estimator", "grpo", "--classmate.max_context", "4096",
+                                   "--classmate.classmate_think_open", "<t>", "--classmate.classmate_think_close",
+                                   "</t>", "--engine.backend", "hf"])
+    assert "[openrlhf_classmate]" not in capsys.readouterr().err
 
 
 def test_config_file_maps_nested_keys_and_the_command_line_wins(tmp_path):

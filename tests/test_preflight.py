@@ -11,6 +11,7 @@ import os
 import pytest
 
 from openrlhf_classmate.cli import train_ppo_ray
+from openrlhf_classmate.config_fields import option_help
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
 from openrlhf_classmate.integration.preflight import RANGES, PreflightReport, check_ranges, check_tokenizers
@@ -22,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_every_numeric_classmate_and_engine_option_has_a_range():
     numeric = {f"{prefix}.{f.name}" for prefix, cls in (("classmate", ClassmateConfig), ("engine", EngineConfig))
                for f in dataclasses.fields(cls) if "int" in str(f.type) or "float" in str(f.type)}
-    assert numeric - set(RANGES) == set(), "add the new option's range to preflight.RANGES"
+    assert numeric - set(RANGES) == set(), "give the new option's field a metadata range (config_fields.Bound)"
     assert set(RANGES) - numeric == set()
 
 
@@ -30,8 +31,8 @@ def test_judge_settings_are_documented_with_range_and_default():
     fields = {f.name: f for f in dataclasses.fields(ClassmateConfig)}
     for name, default in (("judge_timeout_s", 60.0), ("judge_max_retries", 3), ("judge_max_concurrency", 32)):
         assert fields[name].default == default
-        help_text = fields[name].metadata["help"]
-        assert f"default {default:g}" in help_text and (">" in help_text), help_text
+        help_text = option_help(fields[name])
+        assert f"default: {default:g}." in help_text and ("Must be >" in help_text), help_text
 
 
 @pytest.fixture(scope="module")

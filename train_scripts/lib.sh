@@ -110,6 +110,7 @@ model_path() {
 # file is an error, except in a dry run.
 data_path() {
   local what=$1 p=$2
+  # missing here, shaped like ORG/NAME and not like a data file name: a hub dataset id, which the launcher downloads
   if [[ ! -e "$p" ]] && ! _looks_local "$p" && [[ "$p" != *.json* && "$p" != *.parquet ]]; then
     printf '%s\n' "$p"
     return
@@ -143,6 +144,7 @@ detect_gpus() { visible_gpus | grep -c . || true; }
 # or a run on zero GPUs).
 require_count() {
   local name=$1 value=$2 min=$3
+  # 10#: a value like 08 is decimal here, not an invalid octal number
   if ! [[ "$value" =~ ^[0-9]+$ ]] || ((10#$value < min)); then
     die "$name=$value: must be a whole number >= $min"
   fi
@@ -165,6 +167,7 @@ setup_gpus() {
     GPUS_PER_NODE=$((detected - SERVER_GPUS))
     if ((GPUS_PER_NODE < 1)); then
       if is_dry_run; then
+        # a dry run is often made on a login node without GPUs: print the commands for one GPU rather than stop
         log "dry run: no GPU detected, assuming GPUS_PER_NODE=1"
         GPUS_PER_NODE=1
       else
@@ -235,11 +238,17 @@ _vllm_bin() {
   else echo vllm; fi
 }
 
+# _helper COMMAND ARGS...: python -m openrlhf_classmate.script_helpers (HTTP and JSON, which bash does badly), from
+# this repository's copy of the package even when PYTHON has another one installed.
+_helper() { PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m openrlhf_classmate.script_helpers "$@"; }
+
+# _http_ok URL: GET URL answers (status < 400) within 5 s. curl where there is one: a poll every few seconds should
+# not start a Python interpreter each time.
 _http_ok() {
   if command -v curl >/dev/null 2>&1; then
     curl -sf --max-time 5 -o /dev/null "$1"
   else
-    "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+    _helper http-ok "$1" >/dev/null 2>&1
   fi
 }
 
@@ -262,6 +271,8 @@ stop_servers() {
   local pid waited=0
   ((${#SERVER_PIDS[@]})) || return 0
   for pid in "${SERVER_PIDS[@]}"; do
+    # the negative pid signals the whole process group: vllm serve has worker processes that hold GPU memory;
+    # the plain pid is the fallback where setsid was missing and the server shares our group
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
   done
   for pid in "${SERVER_PIDS[@]}"; do
@@ -357,6 +368,7 @@ start_vllm_server() {
 # run_config has run the preflight (no server starts for a run that would be refused). Sets SERVER_URL now.
 queue_server() {
   local call
+  # stored shell-quoted (%q) so that start_pending_servers can eval it later with every argument intact
   printf -v call '%q ' _start_and_wait "$@"
   PENDING_SERVERS+=("$call")
   SERVER_URL=$(_server_url "$2")
@@ -380,6 +392,8 @@ start_pending_servers() {
 use_or_start_server() {
   local prefix=$1 name=$2 port=$3 devices=$4 model=$5
   shift 5
+  # the variable is read (${!var}) and set (printf -v) by name, so one helper serves JUDGE_URL, TINYV_URL, ...;
+  # printf -v assigns without eval, so a URL with shell characters stays text
   local var="${prefix}_URL"
   if [[ -n "${!var:-}" ]]; then
     log "$name: using the running server $var=${!var}"
@@ -391,10 +405,7 @@ use_or_start_server() {
 }
 
 # first_model_id BASE_URL: the first model id served at BASE_URL/models (an OpenAI-compatible server).
-first_model_id() {
-  "$PYTHON" -c 'import json, sys, urllib.request
-print(json.load(urllib.request.urlopen(sys.argv[1].rstrip("/") + "/models", timeout=10))["data"][0]["id"])' "$1"
-}
+first_model_id() { _helper first-model-id "$1"; }
 
 # served_model WHAT BASE_URL: first_model_id, with a clear error (a placeholder in a dry run).
 served_model() {
@@ -407,9 +418,8 @@ served_model() {
 # use_judge: the LLM judge (sycophancy rating) for the scorer registry. JUDGE_URL: use a running OpenAI-compatible
 # server (JUDGE_MODEL defaults to the first model it serves); otherwise start `vllm serve JUDGE_MODEL`.
 use_judge() {
-  if [[ -z "${JUDGE_URL:-}" || -n "${JUDGE_MODEL:-}" ]]; then
-    JUDGE_MODEL="${JUDGE_MODEL:-Qwen/Qwen3-4B-Instruct-2507}"
-  fi
+  # a server we start needs a model name; a running one (JUDGE_URL) can tell us its own, so no default is forced on it
+  if [[ -z "${JUDGE_URL:-}" ]]; then JUDGE_MODEL="${JUDGE_MODEL:-Qwen/Qwen3-4B-Instruct-2507}"; fi
   use_or_start_server JUDGE judge "${JUDGE_PORT:-8000}" "${JUDGE_DEVICES-${SERVER_CUDA_DEVICES:-}}" "${JUDGE_MODEL:-}" \
     --served-model-name "${JUDGE_MODEL:-}" --tensor-parallel-size "${JUDGE_TP:-1}" \
     --gpu-memory-utilization "${JUDGE_GPU_MEM:-$(default_server_mem 0.2)}" --max-model-len "${JUDGE_MAX_MODEL_LEN:-16384}" \
@@ -422,7 +432,8 @@ use_judge() {
 # use_tinyv: the TinyV verifier (reward_methods.md §A.7: max-model-len 4096, memory 0.15 next to training), passed as
 # --tinyv.base_url / --tinyv.model; TINYV_MODE (addon, tinyv_only, mixed) and TINYV_WEIGHT add --tinyv.mode / .weight.
 use_tinyv() {
-  if [[ -z "${TINYV_URL:-}" || -n "${TINYV_MODEL:-}" ]]; then TINYV_MODEL="${TINYV_MODEL:-zhangchenxu/TinyV-1.5B}"; fi
+  # as in use_judge: only a server we start needs the default model name
+  if [[ -z "${TINYV_URL:-}" ]]; then TINYV_MODEL="${TINYV_MODEL:-zhangchenxu/TinyV-1.5B}"; fi
   use_or_start_server TINYV tinyv "${TINYV_PORT:-8001}" "${TINYV_DEVICES-${SERVER_CUDA_DEVICES:-}}" "${TINYV_MODEL:-}" \
     --served-model-name "${TINYV_MODEL:-}" --tensor-parallel-size "${TINYV_TP:-1}" \
     --gpu-memory-utilization "${TINYV_GPU_MEM:-$(default_server_mem 0.15)}" --max-model-len "${TINYV_MAX_MODEL_LEN:-4096}" \
@@ -520,17 +531,12 @@ use_sandbox() {
 
 # runtime_env_json: the Ray job's runtime env: this repository as working_dir (large folders excluded) and the
 # forwarded environment variables.
+# Only the listed variables travel: the job runs on other machines, where this shell's PATH or CUDA_VISIBLE_DEVICES
+# would be wrong.
 runtime_env_json() {
   local names="HF_HOME HF_HUB_OFFLINE HF_ENDPOINT TRANSFORMERS_OFFLINE WANDB_MODE NCCL_DEBUG ${RAY_JOB_ENV_VARS:-}"
-  # shellcheck disable=SC2086
-  "$PYTHON" - "$REPO_ROOT" $names <<'PY'
-import json, os, sys
-root, names = sys.argv[1], sys.argv[2:]
-env = {n: os.environ[n] for n in dict.fromkeys(names) if n in os.environ}
-print(json.dumps({"working_dir": root,
-                  "excludes": [".venv/", ".git/", "runs/", "outputs/", "data/", "*.safetensors", "*.pt"],
-                  "env_vars": env}, separators=(",", ":")))
-PY
+  # shellcheck disable=SC2086  # word splitting wanted: one argument per name
+  _helper ray-runtime-env "$REPO_ROOT" $names
 }
 
 # launch FLAGS...: run the launcher with FLAGS, directly or as a Ray job (RAY_ADDRESS); returns its exit status.

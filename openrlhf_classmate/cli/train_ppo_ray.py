@@ -106,7 +106,13 @@ def wait_until_ready(engines: list) -> None:
 
 class EngineFactory:
     """Stands in for upstream ``create_vllm_engines``: HF engines for ``--engine.backend hf``; with classmate
-    placement ``share`` the policy engines get an explicit placement group the classmate engines join."""
+    placement ``share`` the policy engines get an explicit placement group the classmate engines join.
+
+    Upstream's ``train()`` (``openrlhf/cli/train_ppo_ray.py``) creates the policy engines with a module-global call
+    ``create_vllm_engines(...)``; :func:`openrlhf_classmate.integration.patches.install_launcher` rebinds that global to
+    :meth:`policy` (row ``cli.train_ppo_ray.create_vllm_engines`` of the table in ``integration/patches.py``). The
+    factory object exists so that the classmate engines, created later by :class:`TrainerFactory`, can find the
+    policy engines and their placement group (``share``) here."""
 
     def __init__(self, args):
         self.args = args
@@ -114,6 +120,7 @@ class EngineFactory:
         self.policy_engines: list = []
 
     def create(self, *args, **kwargs):
+        """Engines of either group on the chosen backend; the arguments are ``create_vllm_engines``'s."""
         if self.args.engine.backend == "hf":
             from openrlhf_classmate.integration.hf_engine import create_hf_engines
 
@@ -123,12 +130,15 @@ class EngineFactory:
         return create_vllm_engines(*args, **kwargs)
 
     def policy(self, *args, **kwargs):
-        """Called by upstream ``train()`` with ``create_vllm_engines``'s arguments (partly positional)."""
+        """Called by upstream ``train()`` in place of ``create_vllm_engines``, with its arguments (partly
+        positional)."""
         import inspect
 
         from openrlhf_classmate.integration.hf_engine import create_hf_engines
 
-        # create_hf_engines mirrors create_vllm_engines' parameters (tested in test_upstream_pins)
+        # upstream passes some arguments by position: binding them to create_hf_engines' signature, which mirrors
+        # create_vllm_engines' parameters (tested in test_upstream_pins), names them all, so the reward path and
+        # the placement group below can be read and replaced by name
         bound = inspect.signature(create_hf_engines).bind(*args, **kwargs).arguments
         urls = bound.get("remote_rm_url") or []
         if REWARD_FUNC_PATH in ([urls] if isinstance(urls, str) else urls) and not bound.get("agent_func_path"):
@@ -183,7 +193,14 @@ class EngineFactory:
 
 class TrainerFactory:
     """Stands in for upstream ``PPOTrainer`` (and ``PPOTrainerAsync``) inside ``train()``: ``.remote(...)`` creates
-    the classmate engine group and our controller (``integration.trainer.controller_class``)."""
+    the classmate engine group and our controller (``integration.trainer.controller_class``).
+
+    Upstream's ``train()`` imports ``PPOTrainer`` (``PPOTrainerAsync`` with ``--train.async_enable``) at call time
+    and calls ``PPOTrainer.remote(...)`` on the Ray actor class. ``install_launcher`` rebinds both names to this
+    object (rows ``ppo_trainer.PPOTrainer`` / ``ppo_trainer_async.PPOTrainerAsync`` of the table in
+    ``integration/patches.py``), so its :meth:`remote` looks like a Ray actor class to ``train()``: it creates the
+    classmate engines only now, after upstream has placed the policy engines and the actor/ref models, and returns
+    the handle of the real actor it starts."""
 
     def __init__(self, args, engines: EngineFactory):
         # imported here, before install_launcher rebinds upstream's trainer names to this factory
@@ -195,6 +212,7 @@ class TrainerFactory:
         self.handle = None
 
     def remote(self, *args, **kwargs):
+        """``ray.remote(PPOTrainer).remote(...)`` as upstream calls it, plus the classmate engine groups."""
         import ray
 
         groups, colocated = self.engines.classmate() if classmate_enabled(self.args) else ([], False)
@@ -215,6 +233,8 @@ def run(args) -> TrainerFactory:
     patches.install_experience()
     engines = EngineFactory(args)
     trainer = TrainerFactory(args, engines)
+    # from here upstream's train() finds our engine factory, actor class and trainer factory under its own names
+    # (the table in integration/patches.py); it then runs unchanged
     patches.install_launcher(engines.policy, ray.remote(num_gpus=1)(ClassmatePolicyModelActor), trainer)
     upstream.train(args)
     if trainer.handle is not None:

@@ -13,6 +13,27 @@ duplicate keys, YAML syntax errors and non-UTF-8 files are refused with the file
 
 Every problem ends in one line ``error: ...``: argparse's usage errors (without the few-hundred-flag usage text,
 naming the config file when the value came from it) and upstream's ``assert`` checks included.
+
+What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.py``'s main block, split by
+:func:`_upstream_main_block` at its ``args = parser.parse_args()`` line)::
+
+    build_parser()
+      exec upstream's statements before parse_args()   -> upstream's parser, every upstream flag and default
+      add --config, --check and our groups             -> --classmate.* --engine.* --tinyv.* --darling.* --vrcli.*
+    --config FILE.yaml -> argv tokens, placed before the command line (explicit flags win)
+    parser.parse_args(argv)                            -> flat namespace, keys "actor.adam.lr", ...
+    _resolve_upstream_defaults(flat, argv)             -> reward.remote_url := our reward function (no reward given),
+                                                          algo.advantage.estimator := group_norm (classmate run
+                                                          without one); each logged
+    classmate run with --rollout.n_samples_per_prompt < 2 -> error (before upstream's bare assert on the same)
+    exec upstream's statements after parse_args(),     -> hierarchize (nested args.actor.adam.lr) and upstream's
+      except the final train(args)                        checks; an AssertionError becomes a ConfigError
+    resolve_classmate_args -> validate_classmate_args  -> our derived values (logged), then our checks
+    validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
+                                                          engine reward for a pending one, logged)
+    check_sampling_args                                -> every sampling setting through vLLM's SamplingParams
+
+The launcher (``cli/train_ppo_ray.py``) then runs the preflight and starts Ray.
 """
 
 from __future__ import annotations
@@ -31,6 +52,8 @@ import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,
+    log_resolved,
+    resolve_classmate_args,
     validate_classmate_args,
 )
 from openrlhf_classmate.integration.reward_methods import add_reward_method_arguments, validate_reward_method_args
@@ -231,8 +254,26 @@ def _config_path(argv: Sequence[str]) -> str | None:
     return known.config
 
 
+def _resolve_upstream_defaults(flat: argparse.Namespace, argv: Sequence[str]) -> None:
+    """The two upstream flags whose default we change, set before upstream's post-processing reads them; each change
+    is logged."""
+    if not any(getattr(flat, key) for key in ("reward.remote_url", "reward.model_name_or_path", "train.agent_func_path")):
+        # no reward model or function given: score answers with the scorer registry (the label's data_source)
+        setattr(flat, "reward.remote_url", REWARD_FUNC_PATH)
+        log_resolved(f"--reward.remote_url {REWARD_FUNC_PATH} (no reward given: the scorer registry scores the "
+                     "answers by each label's data_source)")
+    if getattr(flat, "classmate.model_name_or_path") and "--algo.advantage.estimator" not in argv:
+        # upstream's default (gae) would build a critic; the classmate estimators need a per-prompt-group baseline,
+        # and upstream's GRPO one (group_norm) is the default (dr_grpo, rloo, reinforce_baseline also work)
+        previous = getattr(flat, "algo.advantage.estimator")
+        setattr(flat, "algo.advantage.estimator", "group_norm")
+        log_resolved(f"--algo.advantage.estimator group_norm (a classmate run needs a per-prompt-group baseline; "
+                     f"upstream's default is {previous})")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
-    """Parse, run upstream's post-processing and checks, then validate the classmate group."""
+    """Parse, run upstream's post-processing and checks, then resolve and validate our groups (see the module
+    docstring for the order)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     config = _config_path(argv)
@@ -242,13 +283,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
         parser.error = lambda message: _one_line_error(message, config, flags)  # type: ignore[method-assign]
         argv = from_config + argv
     flat = parser.parse_args(argv)
-    if not any(getattr(flat, key) for key in ("reward.remote_url", "reward.model_name_or_path", "train.agent_func_path")):
-        # no reward model or function given: score answers with the scorer registry (the label's data_source)
-        setattr(flat, "reward.remote_url", REWARD_FUNC_PATH)
-    if getattr(flat, "classmate.model_name_or_path") and "--algo.advantage.estimator" not in argv:
-        # upstream's default (gae) would build a critic; the classmate estimators need a per-prompt-group baseline,
-        # and upstream's GRPO one (group_norm) is the default (dr_grpo, rloo, reinforce_baseline also work)
-        setattr(flat, "algo.advantage.estimator", "group_norm")
+    _resolve_upstream_defaults(flat, argv)
     if getattr(flat, "classmate.model_name_or_path") and getattr(flat, "rollout.n_samples_per_prompt") < 2:
         # before upstream's bare assertion on the same
         raise SystemExit("error: classmate estimators normalise per prompt group: set "
@@ -261,6 +296,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     except AssertionError as e:
         raise ConfigError(upstream_check_message(str(e), flat)) from None
     args = namespace["args"]
+    resolve_classmate_args(args)
     validate_classmate_args(args)
     validate_reward_method_args(args)
     validate_vrcli_args(args)

@@ -1,27 +1,33 @@
-"""The ``--classmate.*`` and ``--engine.*`` flag groups: one dataclass, its docstrings, and up-front validation.
+"""The ``--classmate.*`` and ``--engine.*`` flag groups: their dataclasses, resolution of derived values and up-front
+validation.
 
-Each field below becomes ``--classmate.<name>`` (``--engine.<name>`` for :class:`EngineConfig`); after upstream's
-``hierarchize`` the values reach every Ray actor as ``strategy.args.classmate.<name>``.
+Each field below becomes ``--classmate.<name>`` (``--engine.<name>`` for :class:`EngineConfig`) through
+:func:`openrlhf_classmate.config_fields.add_dataclass_group`, which builds the flag's help from the
+field's ``help``, ``range`` and default; the preflight enforces the same ``range`` (``preflight.RANGES``). After
+upstream's ``hierarchize`` the values reach every Ray actor as ``strategy.args.classmate.<name>``.
+
+After parsing, :func:`resolve_classmate_args` fills in the derived values (logging each one the user did not give),
+then :func:`validate_classmate_args` only checks.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
 from openrlhf_classmate.algo.advantages import BASELINES, ESTIMATORS, TOKEN_MODES
 from openrlhf_classmate.algo.classmate_prompt import PROMPT_MODES
 from openrlhf_classmate.algo.classmate_reward import CONDITIONS
+from openrlhf_classmate.algo.losses import LOSS_AGG_MODES
 from openrlhf_classmate.algo.spans import TRUNCATION_MODES
+from openrlhf_classmate.config_fields import POSITIVE_INT, Bound, add_dataclass_group
 
 SEPARATED_ESTIMATORS = ("separated", "separated_non_neg")
 LOSSES = ("auto", "separated", "vanilla_classmate")
 PLACEMENTS = ("separate", "colocate", "share")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 REWARD_FUNC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reward_func.py")
 
 
@@ -30,49 +36,110 @@ class ClassmateConfig:
     """Classmate chain-of-thought training. Without ``model_name_or_path`` the launcher trains exactly like upstream."""
 
     model_name_or_path: list[str] | None = field(
-        default=None, metadata={"help": "Frozen classmate model(s): HF ids or local paths (one or more)", "nargs": "+"}
+        default=None,
+        metadata={"help": "Frozen classmate model(s), HF ids or local paths: each reads the policy's CoT and answers; "
+                          "its score becomes the classmate reward. Setting it turns classmate training on (and makes "
+                          "gdpo the default --classmate.estimator, group_norm the default "
+                          "--algo.advantage.estimator); unset, the run is upstream's",
+                  "default_help": "unset (no classmate)", "nargs": "+"},
     )
-    num_engines: int = field(default=1, metadata={"help": "Classmate engines (per classmate model)"})
-    tensor_parallel_size: int = field(default=1, metadata={"help": "Tensor-parallel size of each classmate engine"})
+    num_engines: int = field(
+        default=1, metadata={"help": "vLLM engines per classmate model (throughput of the classmate stage)",
+                             "range": POSITIVE_INT}
+    )
+    tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Tensor-parallel size (GPUs) of each classmate engine; num_engines x this GPUs "
+                                     "per classmate model must fit the placement (--classmate.placement)",
+                             "range": POSITIVE_INT}
+    )
     gpu_memory_utilization: float = field(
-        default=0.3, metadata={"help": "vLLM memory fraction of a classmate engine (sum with the policy's below 1 when GPUs are shared)"}
+        default=0.3,
+        metadata={"help": "Fraction of GPU memory a classmate vLLM engine reserves; when GPUs are shared "
+                          "(placement colocate or share) its sum with --vllm.gpu_memory_utilization must stay below 1",
+                  "range": Bound(0, 1, lo_open=True)},
     )
     placement: str = field(
         default="separate",
         metadata={
             "help": "separate: own GPUs; colocate: the actor/ref placement group (needs --train.colocate_actor_ref "
-            "or --train.colocate_all); share: the policy engines' GPUs",
+            "or --train.colocate_all; forces --classmate.enable_sleep); share: the policy engines' GPUs (needs "
+            "--vllm.num_engines > 0)",
             "choices": PLACEMENTS,
         },
     )
     enable_sleep: bool = field(
-        default=False, metadata={"help": "Sleep the classmate engines between steps (vLLM sleep mode; forced on for colocate)"}
+        default=False,
+        metadata={"help": "Put the classmate engines to sleep (vLLM sleep mode) between classmate stages, freeing "
+                          "their memory for training; forced on for placement colocate; not with --train.async_enable"},
     )
     max_context: int | None = field(
-        default=None, metadata={"help": "Classmate max_model_len; default --data.max_len + --classmate.max_new_tokens"}
+        default=None,
+        metadata={"help": "max_model_len of the classmate engines (prompt + CoT + answer); must exceed "
+                          "--classmate.max_new_tokens",
+                  "default_help": "--data.max_len + --classmate.max_new_tokens",
+                  "range": Bound(lo=2, none_ok=True)},
     )
-    max_new_tokens: int = field(default=512, metadata={"help": "Max tokens of a classmate answer"})
-    temperature: float = field(default=1.0, metadata={"help": "Classmate sampling temperature (0 = greedy)"})
-    top_p: float = field(default=1.0, metadata={"help": "Classmate nucleus sampling"})
-    top_k: int = field(default=-1, metadata={"help": "Classmate top-k (-1 = off)"})
-    samples: int = field(default=1, metadata={"help": "Answers sampled per classmate model and CoT (S)"})
+    max_new_tokens: int = field(
+        default=512, metadata={"help": "Most tokens of one classmate answer; a longer answer is cut and scored as is",
+                               "range": POSITIVE_INT}
+    )
+    temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature of the classmate answers; 0 = greedy", "range": Bound(0, 2)}
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata={"help": "Nucleus sampling of the classmate answers: sample from the smallest set of tokens whose "
+                          "probability reaches top_p; 1 = the full distribution. Combines with --classmate.top_k "
+                          "(both filters apply) and --classmate.temperature (applied first)",
+                  "range": Bound(0, 1, lo_open=True)},
+    )
+    top_k: int = field(
+        default=-1,
+        metadata={"help": "Sample the classmate answers from the k most likely tokens only; -1 = off",
+                  "range": Bound(lo=-1)},
+    )
+    samples: int = field(
+        default=1, metadata={"help": "Answers S sampled per classmate model and CoT; a response's classmate score is "
+                                     "the mean over its valid samples", "range": POSITIVE_INT}
+    )
     weights: list[float] | None = field(
-        default=None, metadata={"help": "Weight of each classmate model in the classmate reward (default uniform)", "nargs": "+"}
+        default=None,
+        metadata={"help": "Weight of each classmate model in the classmate reward, one per --classmate."
+                          "model_name_or_path, non-negative with a positive sum (renormalised over the models that "
+                          "scored)", "default_help": "uniform", "nargs": "+", "range": Bound(lo=0, none_ok=True)},
     )
-    reward_weight: float = field(default=1.0, metadata={"help": "lambda: multiplies the averaged classmate score"})
+    reward_weight: float = field(
+        default=1.0, metadata={"help": "lambda: multiplies the weighted classmate score to give the classmate reward "
+                                       "(before --classmate.condition)", "range": Bound()}
+    )
     condition: str = field(
-        default="always", metadata={"help": "Classmate reward given the main reward", "choices": CONDITIONS}
+        default="always",
+        metadata={"help": "Classmate reward given the main reward R^m (incorrect: R^m <= 0): always; "
+                          "no_classmate_when_main_incorrect (0 then); neg_classmate_when_main_incorrect (negated "
+                          "then); no_classmate (always 0: the main reward alone, for ablations)",
+                  "choices": CONDITIONS},
     )
     truncation: str = field(
-        default="vanilla", metadata={"help": "How much of the CoT the classmate sees", "choices": TRUNCATION_MODES}
+        default="vanilla",
+        metadata={"help": "How much of the CoT the classmate sees: vanilla (all of it); random_truncate (a prefix, a "
+                          "fraction in [--classmate.keep_min, --classmate.keep_max] drawn per response); "
+                          "remove_wo_cot (all of it; responses with an empty CoT get no classmate call)",
+                  "choices": TRUNCATION_MODES},
     )
-    keep_min: float = field(default=0.1, metadata={"help": "random_truncate: lower bound of the kept CoT fraction"})
-    keep_max: float = field(default=0.9, metadata={"help": "random_truncate: upper bound of the kept CoT fraction"})
+    keep_min: float = field(
+        default=0.1, metadata={"help": "random_truncate: lower bound of the kept CoT fraction (<= --classmate."
+                                       "keep_max)", "range": Bound(0, 1, lo_open=True)}
+    )
+    keep_max: float = field(
+        default=0.9, metadata={"help": "random_truncate: upper bound of the kept CoT fraction (>= --classmate."
+                                       "keep_min)", "range": Bound(0, 1, lo_open=True)}
+    )
     prompt_mode: str = field(
         default="retokenize",
         metadata={
             "help": "retokenize: decode the CoT and encode it with the classmate tokenizer; splice: reuse the main "
-            "token ids (identical vocabularies only)",
+            "token ids (identical vocabularies only, checked at launch; needed by --classmate.loss "
+            "vanilla_classmate)",
             "choices": PROMPT_MODES,
         },
     )
@@ -83,75 +150,111 @@ class ClassmateConfig:
                           "not with a classmate)",
                   "choices": ("after_think", "whole_response")},
     )
-    think_open: str = field(default="<think>", metadata={"help": "Tag opening the main model's CoT"})
-    think_close: str = field(default="</think>", metadata={"help": "Tag closing the main model's CoT"})
+    think_open: str = field(default="<think>", metadata={"help": "Tag opening the main model's CoT (one token of "
+                                                                  "the policy tokenizer, checked at launch)"})
+    think_close: str = field(default="</think>", metadata={"help": "Tag closing the main model's CoT (one token of "
+                                                                    "the policy tokenizer, checked at launch)"})
     classmate_think_open: str | None = field(
-        default=None, metadata={"help": "Think-open tag in the classmate prompt (default: --classmate.think_open)"}
+        default=None, metadata={"help": "Think-open tag written around the CoT in the classmate prompt",
+                                "default_help": "--classmate.think_open"}
     )
     classmate_think_close: str | None = field(
-        default=None, metadata={"help": "Think-close tag in the classmate prompt (default: --classmate.think_close)"}
+        default=None, metadata={"help": "Think-close tag written around the CoT in the classmate prompt",
+                                "default_help": "--classmate.think_close"}
     )
     estimator: str | None = field(
         default=None,
-        metadata={"help": "Advantage estimator (default gdpo when a classmate model is set)", "choices": ESTIMATORS},
+        metadata={"help": "How the main and classmate rewards become advantages. grpo: one baseline of their sum; "
+                          "grpo_w_classmate: that advantage on the tokens of --classmate.token_mode, the main advantage "
+                          "elsewhere; gdpo: per-stream "
+                          "baselines, weighted (--classmate.gdpo_weights) and batch-normalised; gdpo_wo_bn: without "
+                          "the batch normalisation; separated / separated_non_neg: two advantage streams (the "
+                          "classmate's clipped at 0 in the latter) trained by the two-term loss. The per-stream "
+                          "baseline is --algo.advantage.estimator's",
+                  "default_help": "gdpo with a classmate", "choices": ESTIMATORS},
     )
     gdpo_weights: list[float] = field(
-        default_factory=lambda: [1.0, 1.0], metadata={"help": "gdpo: weights (w_main, w_classmate)", "nargs": 2}
+        default_factory=lambda: [1.0, 1.0],
+        metadata={"help": "gdpo / gdpo_wo_bn: weights (w_main, w_classmate) of the two advantage streams; not all "
+                          "zero", "nargs": 2, "range": Bound()},
     )
     token_mode: str = field(
         default="classmate_partial",
-        metadata={"help": "Where the classmate advantage applies: CoT tokens only, or all", "choices": TOKEN_MODES},
+        metadata={"help": "Tokens the classmate advantage applies to: classmate_partial (the CoT only; the answer "
+                          "gets the main advantage) or all (the whole response)", "choices": TOKEN_MODES},
     )
     loss: str = field(
         default="auto",
         metadata={
             "help": "auto: two-term separated loss for separated estimators, upstream PolicyLoss otherwise; "
-            "vanilla_classmate: the reference two-ratio loss (reproduction only)",
+            "separated: the two-term loss always; vanilla_classmate: the reference two-ratio loss (reproduction "
+            "only: needs --classmate.estimator separated*, --classmate.prompt_mode splice, one classmate, "
+            "--classmate.samples 1)",
             "choices": LOSSES,
         },
     )
     loss_agg_mode: str | None = field(
         default=None,
         metadata={"help": "Overrides --actor.loss_agg_mode, adding the reference's seq-mean-token-sum-norm (also "
-                          "without a classmate)", "choices": LOSS_AGG_MODES},
+                          "without a classmate; not with --train.dynamic_batch_enable or policy_loss_type gspo)",
+                  "default_help": "--actor.loss_agg_mode", "choices": LOSS_AGG_MODES},
     )
     eps_clip_low_high: list[float] = field(
-        default_factory=lambda: [0.4, 0.4], metadata={"help": "Clip range of the classmate PPO term", "nargs": 2}
+        default_factory=lambda: [0.4, 0.4],
+        metadata={"help": "Clip range (low, high) of the classmate PPO term's ratio: [1 - low, 1 + high]",
+                  "nargs": 2, "range": Bound(lo=0, lo_open=True)},
     )
-    dual_clip: float | None = field(default=None, metadata={"help": "Dual-clip constant of the classmate PPO term"})
+    dual_clip: float | None = field(
+        default=None, metadata={"help": "Dual-clip constant c of the classmate PPO term (bounds the loss of "
+                                        "negative advantages by c x the advantage)",
+                                "default_help": "unset (off)", "range": Bound(lo=1, lo_open=True, none_ok=True)}
+    )
     scorer: str = field(
         default="auto",
-        metadata={"help": "How classmate answers are scored. auto (default): by the same reward path as the main "
-                          "answers (--reward.remote_url function or server, else the scorer registry); a registry "
-                          "name (e.g. math_verify): that registry scorer, whatever scores the main answers"},
+        metadata={"help": "How classmate answers are scored. auto: by the same reward path as the main answers "
+                          "(--reward.remote_url function or server, else the scorer registry); a registry name "
+                          "(e.g. math_verify): that registry scorer, whatever scores the main answers (required "
+                          "with --train.agent_func_path)"},
     )
     main_scorer: str = field(
         default="auto",
         metadata={"help": "Registry scorer for the main answers when the scorer registry is the reward (no "
-                          "--reward.remote_url): auto (default) = the label's data_source, or a registry name that "
+                          "--reward.remote_url): auto = the label's data_source, or a registry name that "
                           "overrides it for every row (with or without a classmate)"},
     )
     stop_after_invalid_steps: int = field(
         default=3,
         metadata={"help": "A step whose main scores are all invalid (judge down, unparsable outputs) is skipped "
                           "with a warning; if the first N steps of a run are all skipped, the run stops with an "
-                          "error (0 = never stop). Applies with or without a classmate. Default 3"},
+                          "error (0 = never stop). Applies with or without a classmate", "range": Bound(lo=0)},
     )
-    seed_offset: int = field(default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this"})
+    seed_offset: int = field(
+        default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this (keeps them apart "
+                                          "from the policy engines' seeds)", "range": Bound(lo=0)}
+    )
     judge_base_url: str | None = field(
-        default=None, metadata={"help": "OpenAI-compatible judge endpoint (e.g. http://host:8000/v1) for judge scorers"}
+        default=None, metadata={"help": "OpenAI-compatible judge endpoint (e.g. http://host:8000/v1) for the judge "
+                                        "scorers (data sources scored by an LLM judge, main or classmate answers)"}
     )
-    judge_model: str | None = field(default=None, metadata={"help": "Judge model name"})
-    judge_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Env var holding the judge API key"})
+    judge_model: str | None = field(
+        default=None, metadata={"help": "Model name sent to the judge endpoint (needs --classmate.judge_base_url)"}
+    )
+    judge_api_key_env: str = field(
+        default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the judge API key (unset or empty: "
+                                                    "no key is sent)"}
+    )
     judge_timeout_s: float = field(
         default=60.0, metadata={"help": "Seconds one judge request may take (connect + answer); a timed-out request "
-                                        "is not retried and its score is invalid (masked). > 0; default 60"})
+                                        "is not retried and its score is invalid (masked)",
+                                "range": Bound(lo=0, lo_open=True)})
     judge_max_retries: int = field(
         default=3, metadata={"help": "Retries of a judge request after a connection error, HTTP 5xx or 429 "
-                                     "(exponential backoff from 0.5 s); then its score is invalid. >= 0; default 3"})
+                                     "(exponential backoff from 0.5 s); then its score is invalid",
+                             "range": Bound(lo=0)})
     judge_max_concurrency: int = field(
         default=32, metadata={"help": "Judge requests in flight at once, per process (each rollout engine scoring "
-                                      "main answers, and the controller scoring classmate answers). >= 1; default 32"})
+                                      "main answers, and the controller scoring classmate answers)",
+                              "range": POSITIVE_INT})
 
 
 @dataclass
@@ -163,36 +266,15 @@ class EngineConfig:
         metadata={"help": "vllm, hf (transformers generate; CPU, tests, debugging) or auto (vllm if importable)",
                   "choices": ("auto", "vllm", "hf")},
     )
-    hf_max_batch: int = field(default=64, metadata={"help": "hf backend: max requests batched in one generate call"})
-
-
-def _add_group(parser: argparse.ArgumentParser, prefix: str, cls: type) -> None:
-    group = parser.add_argument_group(f"{prefix} ({cls.__doc__.splitlines()[0]})")
-    for f in dataclasses.fields(cls):
-        meta = dict(f.metadata)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kwargs: dict[str, Any] = {"default": default, "help": meta.pop("help")}
-        if f.type == "bool":
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["type"] = {"int": int, "float": float}.get(f.type.split(" ")[0], None) or _element_type(f.type)
-            kwargs.update(meta)
-        group.add_argument(f"--{prefix}.{f.name}", **kwargs)
-
-
-def _element_type(type_name: str):
-    if "float" in type_name:
-        return float
-    if type_name.startswith("int"):
-        return int
-    return str
+    hf_max_batch: int = field(
+        default=64, metadata={"help": "hf backend: most requests batched in one generate call (memory vs speed)",
+                              "range": POSITIVE_INT}
+    )
 
 
 def add_classmate_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_group(parser, "classmate", ClassmateConfig)
-    _add_group(parser, "engine", EngineConfig)
-
-
+    add_dataclass_group(parser, "classmate", ClassmateConfig)
+    add_dataclass_group(parser, "engine", EngineConfig)
 def registry_reward_in_use(args: SimpleNamespace) -> bool:
     """True when the main reward is our scorer-registry reward function (the launcher's default)."""
     urls = getattr(args.reward, "remote_url", None) or []
@@ -204,8 +286,8 @@ def classmate_enabled(args: SimpleNamespace) -> bool:
 
 
 def uses_separated_loss(args: SimpleNamespace) -> bool:
-    c = args.classmate
-    return classmate_enabled(args) and (c.loss == "vanilla_classmate" or c.estimator in SEPARATED_ESTIMATORS)
+    cfg = args.classmate
+    return classmate_enabled(args) and (cfg.loss == "vanilla_classmate" or cfg.estimator in SEPARATED_ESTIMATORS)
 
 
 def _real(package: str) -> bool:
@@ -222,64 +304,88 @@ def _fail(message: str) -> None:
     raise SystemExit(f"error: {message}")
 
 
-def validate_classmate_args(args: SimpleNamespace) -> None:
-    """Check flag combinations up front; exits with one clear message naming the flags to change."""
-    c = args.classmate
+def log_resolved(message: str) -> None:
+    """One stderr line for a value the launcher set that the user did not give."""
+    print(f"[openrlhf_classmate] {message}", file=sys.stderr, flush=True)
+
+
+def resolve_classmate_args(args: SimpleNamespace) -> None:
+    """Fill in the derived values of the ``--classmate.*`` / ``--engine.*`` groups (and the upstream flags they
+    decide), logging each value set that the user did not give. Runs after upstream's post-processing, before
+    :func:`validate_classmate_args`; checks nothing."""
+    cfg = args.classmate
     enabled = classmate_enabled(args)
-    c.classmate_think_open = c.classmate_think_open or c.think_open
-    c.classmate_think_close = c.classmate_think_close or c.think_close
+    for name in ("think_open", "think_close"):
+        if not getattr(cfg, f"classmate_{name}"):
+            setattr(cfg, f"classmate_{name}", getattr(cfg, name))
+            if enabled:  # unused without a classmate: not worth a line
+                log_resolved(f"--classmate.classmate_{name} {getattr(cfg, name)} (from --classmate.{name})")
     if args.engine.backend == "auto":
         args.engine.backend = "vllm" if _real("vllm") else "hf"
-
+        log_resolved(f"--engine.backend {args.engine.backend} (auto: vLLM is "
+                     f"{'installed' if args.engine.backend == 'vllm' else 'not installed'})")
     if args.ds.packing_samples and args.ds.attn_implementation.startswith("flash_attention") and not _real("flash_attn"):
         # no flash-attn (CPU, or a GPU image without it): transformers' sdpa attends within each packed sequence,
         # like flash-attn's varlen kernel, when the model gets restarting position_ids (checked in tests/test_packing)
-        print(f"[openrlhf_classmate] --ds.packing_samples without flash-attn installed: --ds.attn_implementation "
-              f"{args.ds.attn_implementation} -> sdpa (packed sequences stay separated by their position ids)")
+        log_resolved(f"--ds.packing_samples without flash-attn installed: --ds.attn_implementation "
+                     f"{args.ds.attn_implementation} -> sdpa (packed sequences stay separated by their position ids)")
         args.ds.attn_implementation = "sdpa"
-    if c.loss_agg_mode in ("token-mean", "seq-mean-token-mean"):
-        args.actor.loss_agg_mode = c.loss_agg_mode  # upstream's PolicyLoss aggregates these itself
-    if args.actor.policy_loss_type == "gspo" and c.loss_agg_mode == "seq-mean-token-sum-norm":
+    if cfg.loss_agg_mode in ("token-mean", "seq-mean-token-mean") and args.actor.loss_agg_mode != cfg.loss_agg_mode:
+        args.actor.loss_agg_mode = cfg.loss_agg_mode  # upstream's PolicyLoss aggregates these itself
+        log_resolved(f"--actor.loss_agg_mode {cfg.loss_agg_mode} (from --classmate.loss_agg_mode)")
+    if not enabled:
+        return
+    if cfg.estimator is None:
+        cfg.estimator = "gdpo"
+        log_resolved("--classmate.estimator gdpo (the default with a classmate)")
+    if cfg.max_context is None:
+        cfg.max_context = args.data.max_len + cfg.max_new_tokens
+        log_resolved(f"--classmate.max_context {cfg.max_context} (--data.max_len {args.data.max_len} + "
+                     f"--classmate.max_new_tokens {cfg.max_new_tokens})")
+
+
+def validate_classmate_args(args: SimpleNamespace) -> None:
+    """Check flag combinations up front (after :func:`resolve_classmate_args`); exits with one clear message naming
+    the flags to change. Changes nothing."""
+    cfg = args.classmate
+    if args.actor.policy_loss_type == "gspo" and cfg.loss_agg_mode == "seq-mean-token-sum-norm":
         _fail("--actor.policy_loss_type gspo is a sequence-level objective (upstream aggregates it per sequence): "
               "drop --classmate.loss_agg_mode seq-mean-token-sum-norm")
-    if not enabled:
+    if not classmate_enabled(args):
         for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):
-            if getattr(c, name) != default:
-                _fail(f"--classmate.{name} {getattr(c, name)} needs a classmate: set --classmate.model_name_or_path"
+            if getattr(cfg, name) != default:
+                _fail(f"--classmate.{name} {getattr(cfg, name)} needs a classmate: set --classmate.model_name_or_path"
                       + (" (--classmate.main_scorer chooses the main answers' scorer)" if name == "scorer" else ""))
         return
 
-    c.estimator = c.estimator or "gdpo"
-    if c.final_answer == "whole_response":
+    if cfg.final_answer == "whole_response":
         # the reward would score the whole response while the classmate reads the CoT: two different splits
         _fail("--classmate.final_answer whole_response is for policies without a think block, which give a "
               "classmate no CoT to read: drop it (the main answer is then the text after the think-close tag)")
-    n_models = len(c.model_name_or_path)
-    if c.weights is not None and len(c.weights) != n_models:
-        _fail(f"--classmate.weights has {len(c.weights)} values for {n_models} classmate model(s)")
-    if c.weights is not None and (min(c.weights) < 0 or sum(c.weights) <= 0):
+    n_models = len(cfg.model_name_or_path)
+    if cfg.weights is not None and len(cfg.weights) != n_models:
+        _fail(f"--classmate.weights has {len(cfg.weights)} values for {n_models} classmate model(s)")
+    if cfg.weights is not None and (min(cfg.weights) < 0 or sum(cfg.weights) <= 0):
         _fail("--classmate.weights must be non-negative with a positive sum")
-    if not 0 < c.keep_min <= c.keep_max <= 1:
-        _fail(f"need 0 < --classmate.keep_min <= --classmate.keep_max <= 1, got {c.keep_min}, {c.keep_max}")
-    if c.samples < 1 or c.num_engines < 1 or c.max_new_tokens < 1:
+    if not 0 < cfg.keep_min <= cfg.keep_max <= 1:
+        _fail(f"need 0 < --classmate.keep_min <= --classmate.keep_max <= 1, got {cfg.keep_min}, {cfg.keep_max}")
+    if cfg.samples < 1 or cfg.num_engines < 1 or cfg.max_new_tokens < 1:
         _fail("--classmate.samples, --classmate.num_engines and --classmate.max_new_tokens must be >= 1")
-    if c.placement == "colocate" and not (args.train.colocate_actor_ref or args.train.colocate_all):
+    if cfg.placement == "colocate" and not (args.train.colocate_actor_ref or args.train.colocate_all):
         _fail("--classmate.placement colocate needs --train.colocate_actor_ref or --train.colocate_all "
               "(there is no actor/ref placement group to join otherwise)")
-    if c.placement == "share" and not (args.vllm.num_engines and args.vllm.num_engines > 0):
+    if cfg.placement == "share" and not (args.vllm.num_engines and args.vllm.num_engines > 0):
         _fail("--classmate.placement share needs policy engines (--vllm.num_engines > 0)")
     _check_placement_fits(args)
-    if c.max_context is None:
-        c.max_context = args.data.max_len + c.max_new_tokens
     if args.vllm.num_engines is None or args.vllm.num_engines < 1:
         _fail("classmate training needs policy rollout engines: set --vllm.num_engines >= 1")
     if args.rollout.n_samples_per_prompt < 2:
         _fail("classmate estimators normalise per prompt group: set --rollout.n_samples_per_prompt >= 2")
-    if args.train.async_enable and (c.placement == "colocate" or c.enable_sleep):
+    if args.train.async_enable and (cfg.placement == "colocate" or cfg.enable_sleep):
         _fail("--train.async_enable overlaps rollouts with training, which vLLM sleep mode cannot (upstream refuses "
               "--vllm.enable_sleep with async too): use --classmate.placement separate or share without "
               "--classmate.enable_sleep")
-    agg = c.loss_agg_mode or args.actor.loss_agg_mode
+    agg = cfg.loss_agg_mode or args.actor.loss_agg_mode
     if args.train.dynamic_batch_enable and agg == "seq-mean-token-sum-norm":
         _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm scales the loss by the micro-batch size, which "
               "--train.dynamic_batch_enable varies per micro-batch: use token-mean / seq-mean-token-mean, or fixed "
@@ -288,44 +394,44 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _fail("classmate training needs the main rewards at rollout time, from a reward function or server "
               "(--reward.remote_url, or none for the scorer registry); --reward.model_name_or_path is not supported")
     _check_upstream_advantage_options(args)
-    if args.train.agent_func_path and c.scorer == "auto":
+    if args.train.agent_func_path and cfg.scorer == "auto":
         _fail("with --train.agent_func_path the main reward comes from the agent, which cannot score the classmate's "
               "answers: set --classmate.scorer to a scorer registry name (e.g. math_verify)")
-    if c.loss == "vanilla_classmate":
-        if c.estimator not in SEPARATED_ESTIMATORS:
+    if cfg.loss == "vanilla_classmate":
+        if cfg.estimator not in SEPARATED_ESTIMATORS:
             _fail("--classmate.loss vanilla_classmate needs separate main/classmate advantages: "
                   "--classmate.estimator separated (or separated_non_neg)")
-        if c.prompt_mode != "splice":
+        if cfg.prompt_mode != "splice":
             _fail("--classmate.loss vanilla_classmate needs the classmate's log-probs of the main CoT tokens, which "
                   "exist only with --classmate.prompt_mode splice")
-        if n_models != 1 or c.samples != 1:
+        if n_models != 1 or cfg.samples != 1:
             _fail("--classmate.loss vanilla_classmate supports exactly one classmate model and --classmate.samples 1")
         if args.actor.policy_loss_type != "ppo":
             _fail("--classmate.loss vanilla_classmate is the reference's token-level two-ratio loss; "
                   "--actor.policy_loss_type gspo has no meaning there: use --classmate.loss separated with gspo")
-    if c.prompt_mode == "splice":
+    if cfg.prompt_mode == "splice":
         _check_splice_vocab(args)
 
 
 def _check_placement_fits(args: SimpleNamespace) -> None:
     """A classmate group joining another placement group needs one bundle (GPU) per engine rank there."""
-    c = args.classmate
-    if c.tensor_parallel_size < 1:
+    cfg = args.classmate
+    if cfg.tensor_parallel_size < 1:
         _fail("--classmate.tensor_parallel_size must be >= 1")
-    need = c.num_engines * c.tensor_parallel_size
-    if c.placement == "share":
+    need = cfg.num_engines * cfg.tensor_parallel_size
+    if cfg.placement == "share":
         have = args.vllm.num_engines * args.vllm.tensor_parallel_size
         where = (f"the policy engines' placement group ({have} GPUs = --vllm.num_engines {args.vllm.num_engines} x "
                  f"--vllm.tensor_parallel_size {args.vllm.tensor_parallel_size})")
-    elif c.placement == "colocate":
+    elif cfg.placement == "colocate":
         have = args.actor.num_nodes * args.actor.num_gpus_per_node
         where = (f"the actor/ref placement group ({have} GPUs = --actor.num_nodes {args.actor.num_nodes} x "
                  f"--actor.num_gpus_per_node {args.actor.num_gpus_per_node})")
     else:
         return
     if need > have:
-        _fail(f"--classmate.placement {c.placement}: --classmate.num_engines {c.num_engines} x "
-              f"--classmate.tensor_parallel_size {c.tensor_parallel_size} = {need} GPUs do not fit {where}; "
+        _fail(f"--classmate.placement {cfg.placement}: --classmate.num_engines {cfg.num_engines} x "
+              f"--classmate.tensor_parallel_size {cfg.tensor_parallel_size} = {need} GPUs do not fit {where}; "
               "lower the classmate engines or use --classmate.placement separate")
 
 

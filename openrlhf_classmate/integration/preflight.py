@@ -20,7 +20,6 @@ Only tokenizers and model configs are loaded; nothing touches a GPU.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -28,7 +27,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from openrlhf_classmate.integration.classmate_config import classmate_enabled, registry_reward_in_use
+from openrlhf_classmate.config_fields import POSITIVE_INT, Bound, ranges_of  # noqa: F401  (re-exported)
+from openrlhf_classmate.integration.classmate_config import (
+    ClassmateConfig,
+    EngineConfig,
+    classmate_enabled,
+    registry_reward_in_use,
+)
 
 
 class PreflightError(ValueError):
@@ -46,56 +51,10 @@ class PreflightReport:
 # ── numeric ranges ───────────────────────────────────────────────────────────────────────────────────────────────
 
 
-@dataclass(frozen=True)
-class Bound:
-    """A closed or open interval; ``none_ok`` allows None (the option's "off" / derived default)."""
-
-    lo: float = -math.inf
-    hi: float = math.inf
-    lo_open: bool = False
-    hi_open: bool = False
-    none_ok: bool = False
-
-    def ok(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        above = value > self.lo if self.lo_open else value >= self.lo
-        below = value < self.hi if self.hi_open else value <= self.hi
-        return above and below
-
-    def text(self) -> str:
-        if self.hi == math.inf:
-            return f"{'>' if self.lo_open else '>='} {self.lo:g}" if self.lo != -math.inf else "finite"
-        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
-
-
-POSITIVE_INT = Bound(lo=1)
-RANGES: dict[str, Bound] = {
-    "classmate.num_engines": POSITIVE_INT,
-    "classmate.tensor_parallel_size": POSITIVE_INT,
-    "classmate.gpu_memory_utilization": Bound(0, 1, lo_open=True),
-    "classmate.max_context": Bound(lo=2, none_ok=True),
-    "classmate.max_new_tokens": POSITIVE_INT,
-    "classmate.temperature": Bound(0, 2),
-    "classmate.top_p": Bound(0, 1, lo_open=True),
-    "classmate.top_k": Bound(lo=-1),
-    "classmate.samples": POSITIVE_INT,
-    "classmate.weights": Bound(lo=0, none_ok=True),
-    "classmate.reward_weight": Bound(),
-    "classmate.keep_min": Bound(0, 1, lo_open=True),
-    "classmate.keep_max": Bound(0, 1, lo_open=True),
-    "classmate.gdpo_weights": Bound(),
-    "classmate.eps_clip_low_high": Bound(lo=0, lo_open=True),
-    "classmate.dual_clip": Bound(lo=1, lo_open=True, none_ok=True),
-    "classmate.seed_offset": Bound(lo=0),
-    "classmate.judge_timeout_s": Bound(lo=0, lo_open=True),
-    "classmate.judge_max_retries": Bound(lo=0),
-    "classmate.judge_max_concurrency": POSITIVE_INT,
-    "classmate.stop_after_invalid_steps": Bound(lo=0),  # 0: never stop
-    "engine.hf_max_batch": POSITIVE_INT,
-}
-"""The allowed range of every numeric ``--classmate.*`` / ``--engine.*`` option (lists: of each element). A new
-numeric option needs an entry here (a test enforces it)."""
+RANGES: dict[str, Bound] = {**ranges_of("classmate", ClassmateConfig), **ranges_of("engine", EngineConfig)}
+"""The allowed range of every numeric ``--classmate.*`` / ``--engine.*`` option (lists: of each element), read from
+the ``range`` of the config fields, which also put it in the flag's help. A new numeric option needs a ``range``
+there (a test enforces it)."""
 
 
 def _get(args: SimpleNamespace, dotted: str) -> Any:
@@ -115,17 +74,17 @@ def check_ranges(args: SimpleNamespace) -> None:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not bound.ok(float(v)):
                 raise PreflightError(f"--{dotted} must be {bound.text()}, got {v!r}")
-    c = args.classmate
+    cfg = args.classmate
     for name in ("weights", "gdpo_weights"):
-        values = getattr(c, name)
+        values = getattr(cfg, name)
         if values is not None and not any(v != 0 for v in values):
             raise PreflightError(f"--classmate.{name} are all zero: no reward stream would count")
-    if c.keep_min > c.keep_max:
-        raise PreflightError(f"--classmate.keep_min {c.keep_min:g} exceeds --classmate.keep_max {c.keep_max:g}")
-    if c.max_context is not None and c.max_context <= c.max_new_tokens:
+    if cfg.keep_min > cfg.keep_max:
+        raise PreflightError(f"--classmate.keep_min {cfg.keep_min:g} exceeds --classmate.keep_max {cfg.keep_max:g}")
+    if cfg.max_context is not None and cfg.max_context <= cfg.max_new_tokens:
         raise PreflightError(
-            f"--classmate.max_context {c.max_context} leaves no room for the prompt and CoT next to "
-            f"--classmate.max_new_tokens {c.max_new_tokens}: it must be larger (default: --data.max_len + "
+            f"--classmate.max_context {cfg.max_context} leaves no room for the prompt and CoT next to "
+            f"--classmate.max_new_tokens {cfg.max_new_tokens}: it must be larger (default: --data.max_len + "
             "--classmate.max_new_tokens)")
     # upstream numbers that fail late (or never: a run without GPUs or steps)
     for flag in ("actor.num_nodes", "actor.num_gpus_per_node"):
@@ -142,16 +101,16 @@ def check_ranges(args: SimpleNamespace) -> None:
 
 
 def check_judge_flags(args: SimpleNamespace) -> None:
-    c = args.classmate
-    if c.judge_base_url is None:
-        if c.judge_model:
+    cfg = args.classmate
+    if cfg.judge_base_url is None:
+        if cfg.judge_model:
             raise PreflightError("--classmate.judge_model is set but --classmate.judge_base_url is not: give the "
                                  "judge's URL (e.g. http://127.0.0.1:8000/v1)")
         return
-    if not re.match(r"^https?://[^/\s]+", c.judge_base_url):
+    if not re.match(r"^https?://[^/\s]+", cfg.judge_base_url):
         raise PreflightError(f"--classmate.judge_base_url must be an http(s) URL of an OpenAI-compatible API root "
-                             f"such as http://127.0.0.1:8000/v1, got {c.judge_base_url!r}")
-    if not c.judge_model:
+                             f"such as http://127.0.0.1:8000/v1, got {cfg.judge_base_url!r}")
+    if not cfg.judge_model:
         raise PreflightError("--classmate.judge_base_url is set but --classmate.judge_model is not: name the model "
                              "the judge server serves (its GET /v1/models lists it)")
 
@@ -347,9 +306,9 @@ def _single_token(tokenizer, tag: str) -> bool:
 
 
 def check_tokenizers(args: SimpleNamespace, report: PreflightReport, load: Callable[[str], Any] | None = None) -> None:
-    c = args.classmate
+    cfg = args.classmate
     enabled = classmate_enabled(args)
-    needs_tags = enabled or (registry_reward_in_use(args) and c.final_answer == "after_think")
+    needs_tags = enabled or (registry_reward_in_use(args) and cfg.final_answer == "after_think")
     if not needs_tags:
         return
     if load is None:
@@ -368,7 +327,7 @@ def check_tokenizers(args: SimpleNamespace, report: PreflightReport, load: Calla
     main = tokenizer_of("--actor.model_name_or_path", args.actor.model_name_or_path)
     why = "the classmate stage splits the CoT on them" if enabled else "the after_think reward reads the answer after "\
         "the close tag"
-    for flag, tag in (("--classmate.think_open", c.think_open), ("--classmate.think_close", c.think_close)):
+    for flag, tag in (("--classmate.think_open", cfg.think_open), ("--classmate.think_close", cfg.think_close)):
         if not enabled and flag.endswith("open"):
             continue
         if not _single_token(main, tag):
@@ -377,9 +336,9 @@ def check_tokenizers(args: SimpleNamespace, report: PreflightReport, load: Calla
                                  f"({args.actor.model_name_or_path}), but {why}{hint}")
     if not enabled:
         return
-    for path in c.model_name_or_path:
+    for path in cfg.model_name_or_path:
         tokenizer = tokenizer_of("--classmate.model_name_or_path", path)
-        for tag in (c.classmate_think_open or c.think_open, c.classmate_think_close or c.think_close):
+        for tag in (cfg.classmate_think_open or cfg.think_open, cfg.classmate_think_close or cfg.think_close):
             if not _single_token(tokenizer, tag):
                 report.warnings.append(
                     f"classmate tokenizer {path} has no single token for {tag!r}: the classmate reads it as plain "

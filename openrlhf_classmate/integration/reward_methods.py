@@ -15,7 +15,8 @@ import dataclasses
 import json
 from types import SimpleNamespace
 
-from openrlhf_classmate.integration.classmate_config import _add_group, registry_reward_in_use
+from openrlhf_classmate.config_fields import add_dataclass_group
+from openrlhf_classmate.integration.classmate_config import registry_reward_in_use
 from openrlhf_classmate.rewards.darling import PARTITION_KINDS, DarlingConfig, DarlingRewardHook, classifier_urls
 from openrlhf_classmate.scoring.metrics import METRICS_ENV, VALIDATION_REWARD
 from openrlhf_classmate.scoring.tinyv import GRADE_METRICS, TINYV_METRICS, TinyVConfig, tinyv_env
@@ -27,8 +28,8 @@ CLASSIFIER_OPTIONS = ("classifier_urls", "classifier_model", "threshold", "cls_t
 
 
 def add_reward_method_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_group(parser, "tinyv", TinyVConfig)
-    _add_group(parser, "darling", DarlingConfig)
+    add_dataclass_group(parser, "tinyv", TinyVConfig)
+    add_dataclass_group(parser, "darling", DarlingConfig)
 
 
 def _fail(message: str) -> None:

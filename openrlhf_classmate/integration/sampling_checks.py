@@ -24,10 +24,10 @@ def sampling_flag_sets(args: SimpleNamespace) -> list[tuple[str, dict]]:
                      dict(temperature=args.eval.temperature, top_p=r.top_p, top_k=-1, max_tokens=r.max_new_tokens,
                           min_tokens=1)))
     if classmate_enabled(args):
-        c = args.classmate
-        sets.append((f"--classmate.temperature {c.temperature} / --classmate.top_p {c.top_p} / --classmate.top_k "
-                     f"{c.top_k} / --classmate.max_new_tokens {c.max_new_tokens}",
-                     dict(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=c.max_new_tokens)))
+        cfg = args.classmate
+        sets.append((f"--classmate.temperature {cfg.temperature} / --classmate.top_p {cfg.top_p} / --classmate.top_k "
+                     f"{cfg.top_k} / --classmate.max_new_tokens {cfg.max_new_tokens}",
+                     dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_new_tokens)))
     return sets
 
 

@@ -36,6 +36,7 @@ from openrlhf_classmate.algo.darling import (
     partition_diversity,
     short_answer_rule,
 )
+from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
 from openrlhf_classmate.rewards.pair_classifier import ClassifierSettings, PairClassifier
 
 URLS_ENV = "DARLING_CLASSIFIER_URLS"
@@ -52,88 +53,95 @@ class DarlingConfig:
                           "the response's equivalence class, (n - |C|)/(n - 1), floored (the paper's); "
                           "partition_correct: the same among the correct responses only (others get the floor); "
                           "ngram: the fraction of the response's word n-grams no other response has (lexical, no "
-                          "server). Default none (off)", "choices": ("none", *DIVERSITY_KINDS)},
+                          "server); none: DARLING off", "choices": ("none", *DIVERSITY_KINDS)},
     )
     combine: str = field(
         default="multiplicative",
         metadata={"help": "How quality q and diversity d make the reward. multiplicative: q*d (the paper's; wrong "
                           "answers of a 1/0 quality get 0); additive: lambda_quality*q + lambda_diversity*d; "
-                          "normalize_then_sum: the same on per-group z-scores of q and d. Default multiplicative",
+                          "normalize_then_sum: the same on per-group z-scores of q and d",
                   "choices": COMBINE_MODES},
     )
     lambda_quality: float = field(
-        default=1.0, metadata={"help": "additive / normalize_then_sum: weight of the quality term (any real; default 1)"}
+        default=1.0, metadata={"help": "additive / normalize_then_sum: weight of the quality term (any real)", "range": None}
     )
     lambda_diversity: float = field(
         default=1.0,
-        metadata={"help": "additive / normalize_then_sum: weight of the diversity term (any non-zero real; "
-                          "default 1)"},
+        metadata={"help": "additive / normalize_then_sum: weight of the diversity term; not 0 (that is a "
+                          "quality-only run: drop --darling.diversity)", "range": None},
     )
     min_shift: bool = field(
         default=False,
         metadata={"help": "Shift each group's quality by minus its minimum before combining, so q >= 0 (the "
-                          "reference's add_bias; for reward-model qualities that can be negative). Default off"},
+                          "reference's add_bias; for reward-model qualities that can be negative)"},
     )
     quality_values: list[float] | None = field(
         default=None,
         metadata={"help": "Map the quality to two values: CORRECT (reward > 0) and INCORRECT (otherwise), e.g. 1 -1 "
-                          "(discourages diverse wrong answers) or 2 1 (rewards them); default: the reward as given",
+                          "(discourages diverse wrong answers) or 2 1 (rewards them)", "default_help": "unset (the reward as given)",
+                  "range": None,
                   "nargs": 2, "metavar": ("CORRECT", "INCORRECT")},
     )
     diversity_floor: float = field(
-        default=0.1, metadata={"help": "partition variants: lower bound of the diversity, in [0, 1] (default 0.1)"}
+        default=0.1, metadata={"help": "partition variants: lower bound of the diversity", "range": Bound(0, 1)}
     )
-    ngram_n: int = field(default=4, metadata={"help": "ngram: the n of the word n-grams (>= 1, default 4)"})
+    ngram_n: int = field(default=4, metadata={"help": "ngram: the n of the word n-grams", "range": POSITIVE_INT})
     classifier_urls: list[str] | None = field(
         default=None,
         metadata={"help": "partition variants: the pair-classifier servers (vLLM --runner pooling), e.g. "
                           "http://127.0.0.1:8010/v1; requests go round-robin and fail over to the next server. "
-                          f"Default: the comma-separated ${URLS_ENV} (train_scripts/darling.sh sets it)",
+                          "Needed by the partition variants",
+                  "default_help": f"the comma-separated ${URLS_ENV} (train_scripts/darling.sh sets it)",
                   "nargs": "+"},
     )
     classifier_model: str | None = field(
-        default=None, metadata={"help": "Model name sent to the classifier servers; default: each server's first "
-                                        "/v1/models id"}
+        default=None, metadata={"help": "Model name sent to the classifier servers",
+                                "default_help": "each server's first /v1/models id"}
     )
     threshold: float = field(
         default=0.5,
         metadata={"help": "A pair is equivalent when P(similar) > this, in (0, 1): 0.5 for the math classifier "
-                          "(Qwen3-Embedding-4B fine-tune), 0.32 for the ModernBERT one. Default 0.5"},
+                          "(Qwen3-Embedding-4B fine-tune), 0.32 for the ModernBERT one", "range": Bound(0, 1, lo_open=True, hi_open=True)},
     )
     cls_token: str = field(
         default="<|im_start|>",
-        metadata={"help": "Text opening a pair input CLS a SEP b SEP (the classifier tokenizer's CLS; default "
-                          "<|im_start|> as the Qwen3-Embedding classifier; [CLS] for ModernBERT)"},
+        metadata={"help": "Text opening a pair input CLS a SEP b SEP: the classifier tokenizer's CLS (the default is "
+                          "the Qwen3-Embedding classifier's; [CLS] for ModernBERT)"},
     )
     sep_token: str = field(
         default="<|im_end|>",
-        metadata={"help": "Separator and end of a pair input (default <|im_end|>; [SEP] for ModernBERT)"},
+        metadata={"help": "Separator and end of a pair input ([SEP] for ModernBERT)"},
     )
     max_len: int = field(
         default=4096,
-        metadata={"help": "Each response is cut to its first (max_len - 3) // 2 words in a pair input (>= 5; "
-                          "default 4096 as the math reference, 2048 for ModernBERT)"},
+        metadata={"help": "Each response is cut to its first (max_len - 3) // 2 words in a pair input (the default "
+                          "is the math reference's; 2048 for ModernBERT)", "range": Bound(lo=5)},
     )
     short_answer_words: int = field(
         default=5,
         metadata={"help": "Pairs whose longer response has at most this many words are decided without the "
-                          "classifier: equivalent iff 2*|common words| >= that length (0 = never; default 5)"},
+                          "classifier: equivalent iff 2*|common words| >= that length (0 = never)", "range": Bound(lo=0)},
     )
     pairs_per_request: int = field(
-        default=1, metadata={"help": "Pair texts per /classify request (>= 1; default 1, as the reference)"}
+        default=1, metadata={"help": "Pair texts per /classify request (the default is the reference's)",
+                             "range": POSITIVE_INT}
     )
-    max_concurrency: int = field(default=32, metadata={"help": "Classifier requests in flight per server (default 32)"})
+    max_concurrency: int = field(
+        default=32, metadata={"help": "Classifier requests in flight per server", "range": POSITIVE_INT}
+    )
     timeout_s: float = field(
-        default=600.0, metadata={"help": "Per-request classifier time limit in seconds (> 0; default 600, as the reference)"}
+        default=600.0, metadata={"help": "Per-request classifier time limit in seconds (the default is the "
+                                         "reference's)", "range": Bound(lo=0, lo_open=True)}
     )
     max_retries: int = field(
         default=2,
-        metadata={"help": "Further attempts of a failed classifier request, each on the next server (>= 0; default "
-                          "2, i.e. the reference's 3 attempts); after them its pairs are unknown (counted; the "
-                          "affected rewards are masked, never read as different)"},
+        metadata={"help": "Further attempts of a failed classifier request, each on the next server (the default 2 "
+                          "makes the reference's 3 attempts); after them its pairs are unknown (counted; the "
+                          "affected rewards are masked, never read as different)", "range": Bound(lo=0)},
     )
     backoff_s: float = field(
-        default=1.0, metadata={"help": "First wait before retrying a server already tried, doubling (default 1 s)"}
+        default=1.0, metadata={"help": "Seconds to wait before retrying a server already tried, doubling",
+                              "range": Bound(lo=0)}
     )
 
 

@@ -46,6 +46,7 @@ from openrlhf_classmate.algo.vrcli_reward import (
     ladder_bucket_names,
     map_improvement,
 )
+from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
 from openrlhf_classmate.data.story_prompts import generator_messages_from_policy_messages
 from openrlhf_classmate.rewards.likelihood import (
     TemplateError,
@@ -71,60 +72,60 @@ class VrcliConfig:
         metadata={"help": "Reward each response by how much its plan (the text after its last 'In summary:') lowers "
                           "the reference model's perplexity of the gold next chapter, computed in the experience "
                           "maker by the reference actors. Needs --algo.kl.init_coef > 0 (that creates the reference "
-                          "model) and replaces the engine-side reward function. Default off"},
+                          "model) and replaces the engine-side reward function"},
     )
     mapping: str = field(
         default="ladder",
         metadata={"help": "Reward of an improvement I (percent): ladder (the released one: --vrcli.ladder_rewards at "
-                          "--vrcli.thresholds), clipped (max(I, 0)) or binary (0 if I < 0 else 1). Default ladder",
+                          "--vrcli.thresholds), clipped (max(I, 0)) or binary (0 if I < 0 else 1)",
                   "choices": MAPPINGS},
     )
     thresholds: list[float] = field(
         default_factory=lambda: list(LADDER_THRESHOLDS),
         metadata={"help": "Ladder cut-points in percent improvement, strictly increasing (one fewer than "
-                          "--vrcli.ladder_rewards; also the bucket edges of the logged counts). Default 0.05 1 2",
-                  "nargs": "+"},
+                          "--vrcli.ladder_rewards; also the bucket edges of the logged counts)",
+                  "nargs": "+", "range": None},
     )
     ladder_rewards: list[float] = field(
         default_factory=lambda: list(LADDER_REWARDS),
-        metadata={"help": "Ladder rewards below the first cut-point, between cut-points and above the last. "
-                          "Default 0 0.5 0.9 1.0", "nargs": "+"},
+        metadata={"help": "Ladder rewards below the first cut-point, between cut-points and above the last",
+                  "nargs": "+", "range": None},
     )
     baseline: str = field(
         default="dataset",
         metadata={"help": "Where PPL_base comes from: dataset (the rows' baseline_ppl, written by "
                           f"{BASELINE_SCRIPT} with the same model; checked by checksum and dtype at launch) or online "
                           "(computed in the same batched forward, once per datapoint, cached for the run: about "
-                          "1/n_samples_per_prompt extra forwards in the first epoch). Default dataset",
+                          "1/n_samples_per_prompt extra forwards in the first epoch)",
                   "choices": BASELINE_MODES},
     )
     missing_plan: str = field(
         default="invalid",
         metadata={"help": "A response with no plan (no 'In summary:' / 'In summary,' / 'Detailed Plan:' marker, or "
-                          "nothing after it): invalid (masked out of the group statistics, the default) or zero "
+                          "nothing after it): invalid (masked out of the group statistics) or zero "
                           "(a valid reward of 0)", "choices": MISSING_PLAN_MODES},
     )
     micro_batch_size: int = field(
-        default=8, metadata={"help": "Generator sequences per reference forward (>= 1). Default 8"}
+        default=8, metadata={"help": "Generator sequences per reference forward", "range": POSITIVE_INT}
     )
     max_tokens_per_forward: int = field(
         default=16384,
         metadata={"help": "At most this many padded tokens per reference forward (the float32 logits of a forward "
-                          "take 4 x tokens x vocabulary bytes); a longer sequence runs alone. 0 = no limit. "
-                          "Default 16384"},
+                          "take 4 x tokens x vocabulary bytes); a longer sequence runs alone. 0 = no limit",
+                  "range": Bound(lo=0)},
     )
     max_len: int = field(
         default=0,
         metadata={"help": "Generator sequences (prompt + plan + gold chapter) longer than this many tokens are not "
                           "scored (invalid, logged as vrcli/invalid_too_long). 0 = no limit (the model's context "
-                          "must hold them). Default 0"},
+                          "must hold them)", "range": Bound(lo=0)},
     )
 
 
 def add_vrcli_arguments(parser) -> None:
-    from openrlhf_classmate.integration.classmate_config import _add_group
+    from openrlhf_classmate.config_fields import add_dataclass_group
 
-    _add_group(parser, "vrcli", VrcliConfig)
+    add_dataclass_group(parser, "vrcli", VrcliConfig)
 
 
 def _fail(message: str):
@@ -149,7 +150,7 @@ def validate_vrcli_args(args: SimpleNamespace) -> None:
         _fail(f"--vrcli.enable with --rollout.temperature {args.rollout.temperature}: upstream's reference actor "
               "divides its logits by the rollout temperature, so the perplexities would be those of a tempered "
               "model; use --rollout.temperature 1.0 (the released runs did)")
-    from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH, classmate_enabled
+    from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH, classmate_enabled, log_resolved
 
     if args.train.agent_func_path or args.reward.model_name_or_path or (args.reward.remote_url or []) != [
             REWARD_FUNC_PATH]:
@@ -175,6 +176,8 @@ def validate_vrcli_args(args: SimpleNamespace) -> None:
     if v.max_tokens_per_forward < 0 or v.max_len < 0:
         _fail("--vrcli.max_tokens_per_forward and --vrcli.max_len must be >= 0 (0 = no limit)")
     args.reward.remote_url = [PENDING_REWARD_FUNC_PATH]
+    log_resolved(f"--reward.remote_url {PENDING_REWARD_FUNC_PATH} (--vrcli.enable: the experience maker computes "
+                 "the reward; the engines only mark it pending)")
     v.reference_checksum = None
     if v.baseline == "dataset":
         from openrlhf_classmate.rewards.likelihood import model_checksum

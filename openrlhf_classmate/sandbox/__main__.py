@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import sys
 
+from openrlhf_classmate.config_fields import arg_type
 from openrlhf_classmate.sandbox.config import SandboxConfig
 
 
@@ -32,10 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name == "max_concurrency":
             default = None  # resolved by the dataclass (CPU count); keeps --help machine-independent
         kwargs["default"] = default
-        if "nargs" not in kwargs and "choices" not in kwargs:
-            kwargs["type"] = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-        if f.name == "python":
-            kwargs["type"] = str
+        kwargs["type"], nargs = arg_type(SandboxConfig, f.name)  # the config has no bool switches
+        if nargs is not None:
+            kwargs.setdefault("nargs", nargs)
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser

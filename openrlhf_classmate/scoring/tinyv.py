@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
 from openrlhf_classmate.scoring.base import BaseScorer, Item
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
 from openrlhf_classmate.scoring.labels import LabelError, require_scalar, require_str
@@ -74,41 +75,46 @@ class TinyVConfig:
         default=None,
         metadata={"help": "OpenAI-compatible API root of the verifier server, e.g. http://127.0.0.1:8001/v1 "
                           "(vllm serve zhangchenxu/TinyV-1.5B; train_scripts/tinyv.sh starts one). Required by the "
-                          "_tinyv data sources; the other options need it. Default: none (TinyV off)"},
+                          "_tinyv data sources; the other options need it", "default_help": "unset (TinyV off)"},
     )
     model: str | None = field(
         default=None,
         metadata={"help": "Verifier model name sent with each request; its sampling settings come from TinyV's "
-                          "per-model table (8 tokens, temperature 0; 512 tokens for -Think models). Default: the "
-                          "first id of GET <base_url>/models"},
+                          "per-model table (8 tokens, temperature 0; 512 tokens for -Think models)",
+                  "default_help": "the first id of GET <base_url>/models"},
     )
     mode: str = field(
         default="addon",
         metadata={"help": "addon: ask the verifier only when the rule says wrong, reward 1 if the rule says right "
                           "else weight*V; tinyv_only: reward V (verifier always asked); mixed: weight*V + "
-                          "(1-weight)*rule. Default addon", "choices": MODES},
+                          "(1-weight)*rule", "choices": MODES},
     )
     weight: float = field(
         default=1.0,
-        metadata={"help": "w of addon and mixed, in [0, 1] (default 1); validation always uses 1. Not used by "
-                          "tinyv_only (refused there unless 1)"},
+        metadata={"help": "w of addon and mixed; validation always uses 1. Not used by tinyv_only (refused there "
+                          "unless 1)", "range": Bound(0, 1)},
     )
-    max_concurrency: int = field(default=32, metadata={"help": "Verifier requests in flight per scoring call (>= 1; default 32)"})
+    max_concurrency: int = field(
+        default=32, metadata={"help": "Verifier requests in flight per scoring call", "range": POSITIVE_INT}
+    )
     timeout_s: float = field(
         default=300.0,
-        metadata={"help": "Per-request time limit in seconds (> 0; default 300, TinyV's per-sample limit); a request "
-                          "that runs past it is not retried and its sample is invalid"},
+        metadata={"help": "Per-request time limit in seconds (the default is TinyV's per-sample limit); a request "
+                          "that runs past it is not retried and its sample is invalid",
+                  "range": Bound(lo=0, lo_open=True)},
     )
     max_retries: int = field(
         default=3,
         metadata={"help": "Retries of a failed request or a reply without a verdict, at temperature + 0.3 and top_p "
-                          "1 (>= 0; default 3, as TinyV); afterwards the sample is invalid"},
+                          "1 (the default is TinyV's); afterwards the sample is invalid", "range": Bound(lo=0)},
     )
-    backoff_s: float = field(default=0.5, metadata={"help": "Wait before the first retry round, doubling (>= 0; default 0.5 s)"})
+    backoff_s: float = field(
+        default=0.5, metadata={"help": "Seconds to wait before the first retry round, doubling", "range": Bound(lo=0)}
+    )
     api_key_env: str | None = field(
         default=None,
-        metadata={"help": "Environment variable holding an API key for the verifier endpoint; default: none sent "
-                          "(a local vllm server needs none)"},
+        metadata={"help": "Environment variable holding an API key for the verifier endpoint (a local vllm server "
+                          "needs none)", "default_help": "unset (no key sent)"},
     )
 
     def __post_init__(self) -> None:

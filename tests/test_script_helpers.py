@@ -1,0 +1,79 @@
+"""``openrlhf_classmate.script_helpers``, the programs train_scripts/lib.sh runs, against a real local HTTP server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from openrlhf_classmate.script_helpers import first_model_id, http_ok, main, ray_runtime_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        if self.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "judge-a"}, {"id": "judge-b"}]}).encode()
+            self.send_response(200)
+        elif self.path == "/v1/empty/models":
+            body = json.dumps({"data": []}).encode()
+            self.send_response(200)
+        else:
+            body = b"nope"
+            self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_http_ok_answers_200_and_refuses_404_and_a_closed_port(server):
+    assert http_ok(server + "/v1/models")
+    assert not http_ok(server + "/missing")
+    port = server.rsplit(":", 1)[1]
+    assert not http_ok(server.replace(port, "1") + "/v1/models", timeout_s=1)
+
+
+def test_first_model_id_reads_the_first_served_model(server, capsys):
+    assert first_model_id(server + "/v1/") == "judge-a"
+    assert main(["first-model-id", server + "/v1/empty"]) == 1
+    assert "cannot read the served model name from" in capsys.readouterr().err
+
+
+def test_ray_runtime_env_keeps_the_listed_variables_once():
+    env = ray_runtime_env("/repo", ["HF_HOME", "MISSING", "HF_HOME", "MY_VAR"], {"HF_HOME": "/hf", "MY_VAR": "x",
+                                                                                 "PATH": "/bin"})
+    assert env == {"working_dir": "/repo", "excludes": [".venv/", ".git/", "runs/", "outputs/", "data/",
+                                                        "*.safetensors", "*.pt"],
+                   "env_vars": {"HF_HOME": "/hf", "MY_VAR": "x"}}
+
+
+def test_the_module_runs_as_lib_sh_calls_it(server):
+    run = [sys.executable, "-m", "openrlhf_classmate.script_helpers"]
+    env = dict(os.environ, PYTHONPATH=REPO, MY_VAR="x")
+    out = subprocess.run(run + ["first-model-id", server + "/v1"], env=env, capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (0, "judge-a\n")
+    assert subprocess.run(run + ["http-ok", server + "/v1/models"], env=env).returncode == 0
+    assert subprocess.run(run + ["http-ok", server + "/missing"], env=env).returncode == 1
+    out = subprocess.run(run + ["ray-runtime-env", "/repo", "MY_VAR", "PATH_NOT_SET"], env=env, capture_output=True,
+                         text=True)
+    assert json.loads(out.stdout)["env_vars"] == {"MY_VAR": "x"}
+    assert subprocess.run(run + ["bogus"], env=env, capture_output=True).returncode == 2
