@@ -5,10 +5,10 @@
 #
 # Steps run in the order given; each writes its results under $OUT (default ./gpu_out) and prints a table:
 #   install-wheels  pip-install $WHEELS (default .device_wheels: ../shared/tools/device_wheels/make_wheels.sh) into
-#                   $WHEEL_SITE (default /root/site2): Ray, DeepSpeed, OpenRLHF and the rest of the trainer
+#                   $WHEEL_SITE (default $HOME/site2): Ray, DeepSpeed, OpenRLHF and the rest of the trainer
 #   prepare-bench   build the Qwen2.5-0.5B-shaped random models of the step-time benchmark (CPU work, no run)
-#   stage-vllm-a    first half of the vLLM bundle (.vllm_bundle/a, ../shared/tools/device_vllm/) -> /root/vllm_bundle
-#   install-vllm    second half (.vllm_bundle/b): join, check, install vLLM 0.26.0 into $VLLM_SITE (/root/site)
+#   stage-vllm-a    first half of the vLLM bundle (.vllm_bundle/a, ../shared/tools/device_vllm/) -> $VLLM_STAGE
+#   install-vllm    second half (.vllm_bundle/b): join, check, install vLLM 0.26.0 into $VLLM_SITE ($HOME/site)
 #   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
 #   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
 #   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)
@@ -27,7 +27,9 @@
 set -uo pipefail
 T0=$(date +%s)
 export OUT="${OUT:-$PWD/gpu_out}" WORK="${WORK:-$HOME/gpu_work}"
-VLLM_SITE="${VLLM_SITE:-/root/site}" WHEEL_SITE="${WHEEL_SITE:-/root/site2}" WHEELS="${WHEELS:-.device_wheels}"
+VLLM_SITE="${VLLM_SITE:-$HOME/site}" WHEEL_SITE="${WHEEL_SITE:-$HOME/site2}" WHEELS="${WHEELS:-.device_wheels}"
+# the bundle's b/install.sh reads the first half from this fixed folder (../shared/tools/device_vllm/)
+VLLM_STAGE=/root/vllm_bundle
 BUDGET_S="${BUDGET_S:-570}"
 mkdir -p "$OUT" "$WORK"
 exec > >(tee -a "$OUT/console.log") 2>&1
@@ -96,7 +98,7 @@ for step in "${steps[@]}"; do
           "$WHEELS"/*.whl && touch "$WHEEL_SITE/.installed" || exit 3
       fi ;;
     stage-vllm-a)
-      mkdir -p /root/vllm_bundle && cp .vllm_bundle/a/* /root/vllm_bundle/ && ls -la /root/vllm_bundle || exit 3 ;;
+      mkdir -p "$VLLM_STAGE" && cp .vllm_bundle/a/* "$VLLM_STAGE"/ && ls -la "$VLLM_STAGE" || exit 3 ;;
     install-vllm)
       bash .vllm_bundle/b/install.sh "$VLLM_SITE" || exit 3 ;;
     prepare-bench)
