@@ -24,7 +24,10 @@ def run(tmp_path_factory):
     log = os.path.join(world["root"], "launcher.log")
     with open(log, "w") as f:
         proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray",
-                               *launcher_argv(world, classmate=False)], cwd=REPO, env=env, stdout=f,
+                               # an entropy bonus moves the weights every step even when a tiny random policy's
+                               # rewards do not vary within a group (then the policy loss alone has no gradient)
+                               *launcher_argv(world, classmate=False, extra=["--actor.entropy_coef", "0.01"])],
+                              cwd=REPO, env=env, stdout=f,
                               stderr=subprocess.STDOUT, timeout=900)
     if proc.returncode != 0:
         pytest.fail(f"launcher run failed ({proc.returncode}):\n{open(log).read()[-4000:]}")

@@ -32,7 +32,8 @@ KEY_RE = re.compile(r"\[\[fake:key=(\w+)\]\]")
 
 
 def _judge_flags(server, retries: int = 1) -> list[str]:
-    # whole_response: every answer is judged (a tiny random policy rarely closes its think block)
+    # whole_response: every answer is judged (a tiny random policy rarely closes its think block); it has no CoT for
+    # a classmate, so these runs are plain GRPO with the judge as the main reward
     return ["--classmate.judge_base_url", server.base_url, "--classmate.judge_model", "fake-judge",
             "--classmate.judge_max_retries", str(retries), "--classmate.final_answer", "whole_response"]
 
@@ -58,30 +59,28 @@ def _launch(argv: list[str], log_path: str) -> str:
 def test_judge_down_for_a_whole_step_is_masked_counted_warned_and_the_run_goes_on(tmp_path):
     world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
     with serve_in_thread(down_keys=4) as server:  # 503 for every request about the first 4 prompts = step 1
-        argv = launcher_argv(world, estimator="gdpo", extra=_judge_flags(server))
+        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server))
         log = _launch(argv, str(tmp_path / "run.log"))
         statuses = list(server.statuses)
         keys = list(server.keys)
 
     tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
     requests, failures, retries = (tb[f"train/judge/{k}"] for k in ("requests", "failures", "retries"))
-    # step 1: every main answer (16) and every classmate answer sent was judged, failed, and was retried once
-    assert requests[1] >= 16 and failures[1] == requests[1] and retries[1] == requests[1]
+    # step 1: every main answer (16) was judged, failed, and was retried once
+    assert requests[1] == 16 and failures[1] == 16 and retries[1] == 16
     assert statuses.count(503) == 2 * failures[1]  # what the server answered: 503 to each attempt
     # step 2: the judge is back
-    assert requests[2] >= 16 and failures[2] == 0 and retries[2] == 0
+    assert requests[2] == 16 and failures[2] == 0 and retries[2] == 0
     assert statuses.count(200) == requests[2] and len(keys) == 8
     assert tb["train/reward/main_valid_fraction"] == {1: 0.0, 2: 1.0}
-    assert tb["train/main_valid"] == {1: 0.0, 2: 1.0}  # per sample: main_valid 0 for every step-1 sample
-    assert tb["train/reward/classmate_valid_fraction"][1] == 0.0
-    assert tb["train/reward/classmate_valid_fraction"][2] > 0.0
+    assert tb["train/skipped_invalid_step"] == {1: 1.0, 2: 0.0}  # nothing trained on step 1's failed scores
     assert all(tb["train/judge/latency_p50"][s] > 0 for s in (1, 2))
     assert tb["train/judge/latency_p95"][1] >= tb["train/judge/latency_p50"][1]
     # one warning line for step 1, naming the first failure; none for step 2
     warnings = [line for line in log.splitlines() if "judge health:" in line]
     assert len(warnings) == 1, warnings
-    assert "step 1: judge health: 16/16 main and 16/16 classmate scores invalid (masked)" in warnings[0]
-    assert f"{int(failures[1])} of {int(requests[1])} judge requests failed" in warnings[0]
+    assert "step 1: judge health: 16/16 main scores invalid (masked)" in warnings[0]
+    assert "16 of 16 judge requests failed" in warnings[0]
     assert "first failure (main answer): judge HTTP 503 after 1 retry" in warnings[0]
     assert "Traceback" not in log
 

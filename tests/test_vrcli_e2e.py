@@ -38,7 +38,7 @@ def test_vrcli_config_trains_two_steps_through_the_launcher(tmp_path):
         "--eval.steps", "1", "--data.max_len", "400", "--rollout.max_new_tokens", "12",
         "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4", "--rollout.micro_batch_size", "4",
         "--train.batch_size", "8", "--train.micro_batch_size", "4", "--train.num_episodes", "1",
-        "--ds.attn_implementation", "sdpa", "--actor.adam.lr", "1e-2", "--actor.lr_warmup_ratio", "0",
+        "--ds.attn_implementation", "sdpa", "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0",
         "--vrcli.micro_batch_size", "3",
         "--ckpt.path", str(root / "ckpt"), "--ckpt.output_dir", str(root / "final"),
         "--logger.tensorboard_dir", str(root / "tb"),

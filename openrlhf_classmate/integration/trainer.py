@@ -110,7 +110,9 @@ class ClassmateControllerMixin(BasePPOTrainer):
         try:
             status, next_step = super().train_step(rollout_samples, global_step)
         except AllScoresInvalidError as e:
-            metrics, _ = step_report(main, getattr(self, "classmate_stage", None), self.judge_client)
+            metrics, warning = step_report(main, getattr(self, "classmate_stage", None), self.judge_client)
+            if warning:
+                logger.warning(f"step {global_step + 1}: {warning}")
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
