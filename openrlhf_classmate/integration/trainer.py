@@ -103,16 +103,14 @@ class ClassmateControllerMixin(BasePPOTrainer):
         judge request or a score failed). A batch with no valid main score is skipped (one warning line), and a run
         whose every step so far had none stops after ``--classmate.stop_after_invalid_steps`` of them."""
         from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
-        from openrlhf_classmate.integration.step_health import main_tally, require_judge, step_report
+        from openrlhf_classmate.integration.step_health import main_tally, require_judge
 
         require_judge(rollout_samples, self.args, judge_config_from_args(self.args))
         main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
         try:
             status, next_step = super().train_step(rollout_samples, global_step)
         except AllScoresInvalidError as e:
-            metrics, warning = step_report(main, getattr(self, "classmate_stage", None), self.judge_client)
-            if warning:
-                logger.warning(f"step {global_step + 1}: {warning}")
+            health = self._judge_health(main, global_step + 1)
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
@@ -121,14 +119,20 @@ class ClassmateControllerMixin(BasePPOTrainer):
                     "(judge or verifier down or misconfigured? see the reward function's log lines); "
                     "stopping (--classmate.stop_after_invalid_steps)") from None
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
-            return {**metrics, "skipped_invalid_step": 1.0}, global_step + 1
+            return {**health, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
         status["skipped_invalid_step"] = 0.0
-        metrics, warning = step_report(main, getattr(self, "classmate_stage", None), self.judge_client)
-        status.update(metrics)
-        if warning:
-            logger.warning(f"step {next_step}: {warning}")
+        status.update(self._judge_health(main, next_step))
         return status, next_step
+
+    def _judge_health(self, main, step: int) -> dict[str, float]:
+        """The step's judge metrics; one warning line when a judge request or a score failed (trained or skipped)."""
+        from openrlhf_classmate.integration.step_health import step_report
+
+        metrics, warning = step_report(main, self.classmate_stage, self.judge_client)
+        if warning:
+            logger.warning(f"step {step}: {warning}")
+        return metrics
 
     def _compute_rollout_stats(self, experiences):
         stats = super()._compute_rollout_stats(experiences)
