@@ -196,7 +196,8 @@ class ClassmateConfig:
     loss_agg_mode: str | None = field(
         default=None,
         metadata={"help": "Overrides --actor.loss_agg_mode, adding the reference's seq-mean-token-sum-norm (also "
-                          "without a classmate; not with --train.dynamic_batch_enable or policy_loss_type gspo)",
+                          "without a classmate; its T is --rollout.max_new_tokens, which it needs; not with "
+                          "--train.dynamic_batch_enable or policy_loss_type gspo)",
                   "default_help": "--actor.loss_agg_mode", "choices": LOSS_AGG_MODES},
     )
     eps_clip_low_high: list[float] = field(
@@ -226,7 +227,9 @@ class ClassmateConfig:
         default=3,
         metadata={"help": "A step whose main scores are all invalid (judge down, unparsable outputs) is skipped "
                           "with a warning; if the first N steps of a run are all skipped, the run stops with an "
-                          "error (0 = never stop). Applies with or without a classmate", "range": Bound(lo=0)},
+                          "error (0 = never stop). With --algo.dynamic_filtering_enable, every --rollout.batch_size "
+                          "prompt groups dropped for having no valid score count as one such step. Applies with or "
+                          "without a classmate", "range": Bound(lo=0)},
     )
     seed_offset: int = field(
         default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this (keeps them apart "
