@@ -483,6 +483,20 @@ def test_plain_runs_leave_invalid_scores_out_of_upstreams_batch_statistics(world
     assert all(torch.equal(all_valid[i], reference[i]) for i in range(12))
 
 
+def test_gae_stops_at_an_invalid_main_score_its_critic_would_learn(world, fake_ray):
+    # the preflight refuses gae with the scorer-registry reward; a user's reward function can still mark scores
+    from openrlhf_classmate.integration.trainer import TrainingStopped
+
+    args = _args(world, "--algo.advantage.estimator", "gae", "--reward.remote_url", "http://127.0.0.1:9/score",
+                 classmate=False)
+    critic = FakeModelGroup(lambda seq: 0.1 * (seq[:, 1:] % 4).float(), fake_ray, "critic")
+    maker = ClassmateExperienceMaker(FakeModelGroup(actor_log_probs, fake_ray, "actor"), critic, None, None,
+                                     FixedKLController(0.0), SimpleNamespace(args=args), world.tok)
+    assert len(maker.make_experience_batch(_rollout(world.tok))) > 0  # all valid: upstream's gae as is
+    with pytest.raises(TrainingStopped, match="reached --algo.advantage.estimator gae, whose critic would learn"):
+        maker.make_experience_batch(_invalid_rollout(world.tok, {3}))
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "grpo_w_classmate", "gdpo"])
 def test_whitened_classmate_runs_give_rows_with_an_invalid_main_score_zero(world, fake_ray, estimator):
     args = _args(world, "--classmate.estimator", estimator, "--algo.advantage.estimator", "reinforce_baseline")

@@ -233,9 +233,12 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         args = self.args
         estimator = args.algo.advantage.estimator
         if estimator == "gae":  # refused at launch with the scorer-registry reward; another reward marked one invalid
-            raise RuntimeError("a main score marked invalid (extra_logs main_valid = 0) reached --algo.advantage."
-                               "estimator gae, whose critic would learn its placeholder as a real reward: use "
-                               "group_norm, dr_grpo, rloo, reinforce_baseline, reinforce or flash_reinforce")
+            from openrlhf_classmate.integration.trainer import TrainingStopped
+
+            raise TrainingStopped("error: a main score marked invalid (extra_logs main_valid = 0) reached "
+                                  "--algo.advantage.estimator gae, whose critic would learn its placeholder as a real "
+                                  "reward: use group_norm, dr_grpo, rloo, reinforce_baseline, reinforce or "
+                                  "flash_reinforce")
         if estimator == "reinforce":
             # no baseline: upstream's (discounted) returns are the advantages before its whitening
             whitened = whiten_tokens(
