@@ -439,6 +439,81 @@ def test_plain_runs_mask_invalid_main_scores_too_and_equal_upstream_otherwise(wo
         maker.make_experience_batch(_rollout(world.tok, valid=[False] * 12))
 
 
+def _invalid_rollout(tok, invalid):
+    """The rollout with the rows in ``invalid`` failed: main_valid 0 and the placeholder reward 0 that the reward
+    function reports for them."""
+    return [_sample(tok, "1 + 2 = ?", r, 0.0 if i in invalid else m, valid=i not in invalid)
+            for i, (r, m) in enumerate(RESPONSES)]
+
+
+def _whitened(rows: dict, valid: list[bool], centre_only: bool = False) -> dict:
+    """Upstream's batch whitening by hand, over the tokens of the valid rows only (biased variance)."""
+    tokens = torch.cat([rows[i].double() for i in rows if valid[i]])
+    mean, std = tokens.mean(), 1.0 if centre_only else tokens.var(unbiased=False).clamp(min=1e-8).sqrt()
+    return {i: (rows[i].double() - mean) / std if valid[i] else torch.zeros_like(rows[i].double()) for i in rows}
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_baseline", "reinforce", "flash_reinforce"])
+def test_plain_runs_leave_invalid_scores_out_of_upstreams_batch_statistics(world, fake_ray, estimator):
+    # issue 23 item 1: whitening (reinforce_baseline, reinforce) and the batch mean (flash_reinforce) over the valid
+    # rows only; an invalid row's advantage is exactly 0 on every token
+    args = _args(world, "--algo.advantage.estimator", estimator, classmate=False)
+    maker, _ = _maker(args, world.tok, fake_ray, classmate=False)
+    invalid = {1, 6}
+    valid = [i not in invalid for i in range(12)]
+    out = _per_row(maker.make_experience_batch(_invalid_rollout(world.tok, invalid)), "advantages")
+    lengths = {i: len(out[i]) for i in range(12)}
+    ok = torch.tensor(valid)
+    if estimator == "reinforce_baseline":  # group mean over valid rows, then whitened over valid tokens
+        centred = torch.zeros(12, dtype=torch.float64)
+        for g in range(3):
+            members = [i for i in range(4 * g, 4 * g + 4) if valid[i]]
+            centred[members] = MAIN[members] - MAIN[members].mean()
+        expected = _whitened({i: centred[i].expand(lengths[i]) for i in range(12)}, valid)
+    elif estimator == "reinforce":  # no baseline; the return R on every token, whitened over valid tokens
+        expected = _whitened({i: MAIN[i].expand(lengths[i]) for i in range(12)}, valid)
+    else:  # flash_reinforce: R - the batch mean of the valid rewards, no whitening
+        expected = {i: (MAIN[i] - MAIN[ok].mean()).expand(lengths[i]) * float(valid[i]) for i in range(12)}
+    for i in range(12):
+        torch.testing.assert_close(out[i].double(), expected[i], rtol=0, atol=1e-5, msg=f"row {i}")
+    assert out[1].eq(0).all() and out[6].eq(0).all()
+    # with every score valid, upstream's own tensors are kept untouched
+    all_valid = _per_row(maker.make_experience_batch(_rollout(world.tok)), "advantages")
+    reference = _per_row(_upstream(args, world.tok, _rollout(world.tok)), "advantages")
+    assert all(torch.equal(all_valid[i], reference[i]) for i in range(12))
+
+
+def test_gae_stops_at_an_invalid_main_score_its_critic_would_learn(world, fake_ray):
+    # the preflight refuses gae with the scorer-registry reward; a user's reward function can still mark scores
+    from openrlhf_classmate.integration.trainer import TrainingStopped
+
+    args = _args(world, "--algo.advantage.estimator", "gae", "--reward.remote_url", "http://127.0.0.1:9/score",
+                 classmate=False)
+    critic = FakeModelGroup(lambda seq: 0.1 * (seq[:, 1:] % 4).float(), fake_ray, "critic")
+    maker = ClassmateExperienceMaker(FakeModelGroup(actor_log_probs, fake_ray, "actor"), critic, None, None,
+                                     FixedKLController(0.0), SimpleNamespace(args=args), world.tok)
+    assert len(maker.make_experience_batch(_rollout(world.tok))) > 0  # all valid: upstream's gae as is
+    with pytest.raises(TrainingStopped, match="reached --algo.advantage.estimator gae, whose critic would learn"):
+        maker.make_experience_batch(_invalid_rollout(world.tok, {3}))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "grpo_w_classmate", "gdpo"])
+def test_whitened_classmate_runs_give_rows_with_an_invalid_main_score_zero(world, fake_ray, estimator):
+    args = _args(world, "--classmate.estimator", estimator, "--algo.advantage.estimator", "reinforce_baseline")
+    maker, _ = _maker(args, world.tok, fake_ray)
+    out = maker.make_experience_batch(_invalid_rollout(world.tok, {1, 6}))
+    rows = _per_row(out, "advantages")
+    cot = _per_row(out, "cot_mask")
+    for i in (1, 6):  # the classmate scored these rows (valid), the main reward did not
+        if estimator == "gdpo":  # S = w_c A^c still trains the CoT; the answer tokens carry A^m: none
+            assert rows[i][~cot[i]].eq(0).all()
+        else:  # the single stream needs a valid main score
+            assert rows[i].eq(0).all()
+    trained = torch.cat([rows[i][cot[i] if i in (1, 6) else torch.ones_like(cot[i])] for i in range(12)]).double()
+    trained = trained if estimator == "gdpo" else torch.cat([rows[i] for i in range(12) if i not in (1, 6)]).double()
+    assert trained.mean().abs() < 1e-6 and (trained.var(unbiased=False) - 1).abs() < 1e-5  # whitened over them
+
+
 def test_separated_advantages_live_on_the_cot_and_the_stage_overlaps_the_forwards(world, fake_ray):
     out, engine = _run(world, fake_ray, "--algo.advantage.estimator", "dr_grpo")
     # not colocated: requests go out before the actor forward and are gathered after it

@@ -207,6 +207,9 @@ def test_splice_needs_identical_vocabularies(tmp_path):
         (["--algo.advantage.gamma", "0.9"], "drop --algo.advantage.gamma"),
         (["--algo.advantage.lambd", "0.95"], "--algo.advantage.lambd 0.95 is GAE's"),
         (["--reward.normalize_enable"], "drop --reward.normalize_enable"),
+        (["--classmate.estimator", "separated_non_neg", "--algo.advantage.estimator", "reinforce_baseline"],
+         "separated_non_neg keeps the classmate advantage >= 0, which the batch whitening of "
+         "--algo.advantage.estimator reinforce_baseline"),
         (["--actor.policy_loss_type", "gspo", "--classmate.loss_agg_mode", "seq-mean-token-sum-norm"],
          "drop --classmate.loss_agg_mode seq-mean-token-sum-norm"),
         (["--actor.policy_loss_type", "gspo", "--classmate.estimator", "separated", "--classmate.loss",
@@ -236,3 +239,28 @@ def test_upstream_options_honoured_in_a_classmate_run_parse():
 def test_classmate_scorer_without_a_classmate_points_to_main_scorer():
     assert "--classmate.main_scorer" in _error(BASE + ["--classmate.scorer", "math_verify"])
     assert parse_args(BASE + ["--classmate.main_scorer", "math_verify"]).classmate.main_scorer == "math_verify"
+
+
+def test_seq_mean_token_sum_norm_needs_a_fixed_response_width():
+    # issue 23 item 7: T = --rollout.max_new_tokens; without it T would be each micro-batch's padded width, so the
+    # same response would weigh 1/5 or 1/9 of its token sum depending on the prompts it was batched with
+    import torch
+
+    from openrlhf_classmate.integration.actor import build_classmate_loss
+
+    for extra in ([], CLASSMATE):
+        text = _error(BASE + extra + ["--classmate.loss_agg_mode", "seq-mean-token-sum-norm"])
+        assert text == ("error: --classmate.loss_agg_mode seq-mean-token-sum-norm divides each sequence's token sum "
+                        "by a fixed T = --rollout.max_new_tokens: set --rollout.max_new_tokens")
+    args = parse_args(BASE + ["--classmate.loss_agg_mode", "seq-mean-token-sum-norm", "--rollout.max_new_tokens",
+                              "16"])
+    loss, _, _ = build_classmate_loss(args)
+    assert loss.max_response_len == 16
+    values = []
+    for width in (5, 9):  # one response of 3 tokens, padded into two micro-batches of different widths
+        lp = torch.zeros(1, width)
+        mask = torch.zeros(1, width, dtype=torch.bool)
+        mask[0, :3] = True
+        advantages = torch.where(mask, 1.0, 0.0)
+        values.append(loss(lp, lp, advantages, action_mask=mask, classmate_advantages=torch.zeros(1, width))[0])
+    assert values[0].item() == values[1].item() == pytest.approx(-3 / 16)

@@ -14,7 +14,14 @@ from openrlhf_classmate.cli import train_ppo_ray
 from openrlhf_classmate.config_fields import option_help
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
-from openrlhf_classmate.integration.preflight import RANGES, PreflightReport, check_ranges, check_tokenizers
+from openrlhf_classmate.integration.preflight import (
+    RANGES,
+    PreflightError,
+    PreflightReport,
+    check_estimator_masks_invalid_scores,
+    check_ranges,
+    check_tokenizers,
+)
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,3 +112,14 @@ def test_hf_engine_refuses_a_batch_that_would_never_run(tmp_path):
     model = save_tiny_model(str(tmp_path / "m"), ["a"], hidden_size=8, num_layers=1, num_heads=2)
     with pytest.raises(ValueError, match=r"--engine.hf_max_batch\) must be >= 1, got 0"):
         HFEngine(model=model, max_batch=0)
+
+
+def test_gae_is_refused_where_the_registry_reward_can_mark_scores_invalid():
+    # issue 23 item 1: gae's critic would regress on a failed score's placeholder 0; the other estimators mask it
+    base = ["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl"]
+    with pytest.raises(PreflightError, match=r"^--algo.advantage.estimator gae \(upstream's default\) trains its "
+                                             r"critic on every score.*: set --algo.advantage.estimator group_norm"):
+        check_estimator_masks_invalid_scores(parse_args(base))  # the default reward: the scorer registry
+    check_estimator_masks_invalid_scores(parse_args(base + ["--reward.remote_url", "http://127.0.0.1:9/score"]))
+    for estimator in ("reinforce", "flash_reinforce"):
+        check_estimator_masks_invalid_scores(parse_args(base + ["--algo.advantage.estimator", estimator]))

@@ -196,7 +196,8 @@ class ClassmateConfig:
     loss_agg_mode: str | None = field(
         default=None,
         metadata={"help": "Overrides --actor.loss_agg_mode, adding the reference's seq-mean-token-sum-norm (also "
-                          "without a classmate; not with --train.dynamic_batch_enable or policy_loss_type gspo)",
+                          "without a classmate; its T is --rollout.max_new_tokens, which it needs; not with "
+                          "--train.dynamic_batch_enable or policy_loss_type gspo)",
                   "default_help": "--actor.loss_agg_mode", "choices": LOSS_AGG_MODES},
     )
     eps_clip_low_high: list[float] = field(
@@ -226,7 +227,9 @@ class ClassmateConfig:
         default=3,
         metadata={"help": "A step whose main scores are all invalid (judge down, unparsable outputs) is skipped "
                           "with a warning; if the first N steps of a run are all skipped, the run stops with an "
-                          "error (0 = never stop). Applies with or without a classmate", "range": Bound(lo=0)},
+                          "error (0 = never stop). With --algo.dynamic_filtering_enable, every --rollout.batch_size "
+                          "prompt groups dropped for having no valid score count as one such step. Applies with or "
+                          "without a classmate", "range": Bound(lo=0)},
     )
     seed_offset: int = field(
         default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this (keeps them apart "
@@ -351,6 +354,10 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
     if args.actor.policy_loss_type == "gspo" and cfg.loss_agg_mode == "seq-mean-token-sum-norm":
         _fail("--actor.policy_loss_type gspo is a sequence-level objective (upstream aggregates it per sequence): "
               "drop --classmate.loss_agg_mode seq-mean-token-sum-norm")
+    if cfg.loss_agg_mode == "seq-mean-token-sum-norm" and args.rollout.max_new_tokens is None:
+        # T must be one constant: the padded width of a micro-batch would score the same response by prompt length
+        _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm divides each sequence's token sum by a fixed T = "
+              "--rollout.max_new_tokens: set --rollout.max_new_tokens")
     if not classmate_enabled(args):
         for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):
             if getattr(cfg, name) != default:
@@ -452,6 +459,10 @@ def _check_upstream_advantage_options(args: SimpleNamespace) -> None:
     if estimator in _REFUSED_UPSTREAM_ESTIMATORS:
         _fail(f"--algo.advantage.estimator {estimator} {_REFUSED_UPSTREAM_ESTIMATORS[estimator]} "
               f"(with a classmate use one of {', '.join(CLASSMATE_UPSTREAM_ESTIMATORS)})")
+    if estimator == "reinforce_baseline" and args.classmate.estimator == "separated_non_neg":
+        _fail("--classmate.estimator separated_non_neg keeps the classmate advantage >= 0, which the batch whitening "
+              "of --algo.advantage.estimator reinforce_baseline (centring over the batch) breaks: use group_norm, "
+              "dr_grpo or rloo")
     if advantage.no_std_norm and estimator != "reinforce_baseline":
         _fail(f"--algo.advantage.no_std_norm has no effect with --algo.advantage.estimator {estimator} (upstream "
               "applies it to the batch whitening of reinforce_baseline only): use --algo.advantage.estimator "

@@ -36,7 +36,7 @@ import torch
 from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-from openrlhf_classmate.algo.advantages import BASELINES, SEPARATED, compute_advantages, group_std
+from openrlhf_classmate.algo.advantages import SEPARATED, compute_advantages, group_std, whiten_tokens
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss
 
 
@@ -227,17 +227,34 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         return advantages, cot_masks, shaping
 
     def _mask_invalid_main(self, samples, experiences, main_valid) -> None:
-        """Plain runs: invalid main scores leave the group statistics and get zero advantage."""
-        estimator = self.args.algo.advantage.estimator
-        if estimator not in BASELINES:
-            # gae / reinforce / flash_reinforce have no group statistics to leave out: just train nothing on them
-            for exp in experiences:
-                ok = main_valid[torch.tensor(exp.index)].unsqueeze(1)
-                exp.advantages = torch.where(ok, exp.advantages, torch.zeros_like(exp.advantages))
+        """Plain runs: invalid main scores leave every statistic of upstream's estimator (the group baselines, the
+        batch mean of ``flash_reinforce``, the whitening of ``reinforce`` / ``reinforce_baseline``) and get exactly
+        zero advantage (a placeholder 0 entered them upstream)."""
+        args = self.args
+        estimator = args.algo.advantage.estimator
+        if estimator == "gae":  # refused at launch with the scorer-registry reward; another reward marked one invalid
+            from openrlhf_classmate.integration.trainer import TrainingStopped
+
+            raise TrainingStopped("error: a main score marked invalid (extra_logs main_valid = 0) reached "
+                                  "--algo.advantage.estimator gae, whose critic would learn its placeholder as a real "
+                                  "reward: use group_norm, dr_grpo, rloo, reinforce_baseline, reinforce or "
+                                  "flash_reinforce")
+        if estimator == "reinforce":
+            # no baseline: upstream's (discounted) returns are the advantages before its whitening
+            whitened = whiten_tokens(
+                torch.cat([exp.returns.flatten() for exp in experiences]),
+                torch.cat([(exp.action_mask.bool() & main_valid[torch.tensor(exp.index)].unsqueeze(1)).flatten()
+                           for exp in experiences]),
+                mode="mean" if args.algo.advantage.no_std_norm else "mean_std",
+            )
+            for exp, rows in zip(experiences, whitened.split([exp.returns.numel() for exp in experiences])):
+                exp.advantages = rows.view_as(exp.returns).to(exp.advantages.dtype)
             return
         action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
-        group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
+        group = torch.arange(len(samples)) // args.rollout.n_samples_per_prompt
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
+        if estimator == "flash_reinforce":  # one batch-wide group, mean baseline, no whitening
+            group, upstream["baseline"] = torch.zeros_like(group), "dr_grpo"
         masked = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, response_mask=action_masks,
                                     cot_mask=torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
         for exp in experiences:

@@ -115,6 +115,18 @@ def check_judge_flags(args: SimpleNamespace) -> None:
                              "the judge server serves (its GET /v1/models lists it)")
 
 
+def check_estimator_masks_invalid_scores(args: SimpleNamespace) -> None:
+    """The scorer-registry reward marks failed scores invalid (placeholder 0). Every estimator leaves them out of its
+    statistics except gae, whose critic regresses on every return and would learn the placeholder as a reward."""
+    from openrlhf_classmate.integration.classmate_config import registry_reward_in_use
+
+    if args.algo.advantage.estimator == "gae" and registry_reward_in_use(args):
+        raise PreflightError("--algo.advantage.estimator gae (upstream's default) trains its critic on every score, "
+                             "but a failed score of the scorer-registry reward is invalid, not a 0 to learn: set "
+                             "--algo.advantage.estimator group_norm, dr_grpo, rloo, reinforce_baseline, reinforce or "
+                             "flash_reinforce")
+
+
 # ── paths ────────────────────────────────────────────────────────────────────────────────────────────────────────
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -373,6 +385,7 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     report = PreflightReport()
     check_ranges(args)
     check_judge_flags(args)
+    check_estimator_masks_invalid_scores(args)
     check_model_path("--actor.model_name_or_path", args.actor.model_name_or_path, report)
     for path in args.classmate.model_name_or_path or []:
         check_model_path("--classmate.model_name_or_path", path, report)
