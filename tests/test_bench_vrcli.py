@@ -5,10 +5,11 @@ into the timeout)."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from openrlhf_classmate.testing.watchdog import run_watched
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,9 +22,10 @@ def test_vrcli_reward_bench_runs_tiny_on_cpu(tmp_path, zero_stage):
            "--gold-len", "16", "--micro-batch-size", "2", "--ranks", "2", "--zero-stage", str(zero_stage),
            "--warmup", "0",
            "--repeats", "1", "--out", str(out)]
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
-    assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+    log = tmp_path / "bench.log"
+    code = run_watched(cmd, str(log), cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
+    output = log.read_text()
+    assert code == 0, output[-6000:]
     report = json.loads((out / "vrcli_reward.json").read_text())
     assert set(report["results"]) == {"batched", "per_sample"}
     for mode in report["results"].values():
@@ -33,4 +35,4 @@ def test_vrcli_reward_bench_runs_tiny_on_cpu(tmp_path, zero_stage):
     assert 3.0 < report["mean_nll"] < 9.0  # a random 512-token model: about ln(512) = 6.2
     assert report["config"]["ranks"] == 2 and report["config"]["zero_stage"] == zero_stage
     assert report["device"] == "cpu"
-    assert "speed-up batched / per-sample" in res.stdout
+    assert "speed-up batched / per-sample" in output

@@ -5,13 +5,12 @@ import glob
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from openrlhf_classmate.cli import convert_checkpoint as cc
-from openrlhf_classmate.testing.e2e import build_world, launcher_argv
+from openrlhf_classmate.testing.e2e import build_world, launcher_argv, run_launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,17 +19,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run(tmp_path_factory):
     """A 2-step GRPO run of the launcher (ZeRO-2, bf16, checkpoints and HF saves at steps 1 and 2)."""
     world = build_world(str(tmp_path_factory.mktemp("convert") / "world"))
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline")
     log = os.path.join(world["root"], "launcher.log")
-    with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray",
-                               # an entropy bonus moves the weights every step even when a tiny random policy's
-                               # rewards do not vary within a group (then the policy loss alone has no gradient)
-                               *launcher_argv(world, classmate=False, extra=["--actor.entropy_coef", "0.01"])],
-                              cwd=REPO, env=env, stdout=f,
-                              stderr=subprocess.STDOUT, timeout=900)
-    if proc.returncode != 0:
-        pytest.fail(f"launcher run failed ({proc.returncode}):\n{open(log).read()[-4000:]}")
+    # an entropy bonus moves the weights every step even when a tiny random policy's rewards do not vary within a
+    # group (then the policy loss alone has no gradient)
+    code = run_launcher(launcher_argv(world, classmate=False, extra=["--actor.entropy_coef", "0.01"]), log, cwd=REPO)
+    if code != 0:
+        pytest.fail(f"launcher run failed ({code}):\n{open(log).read()[-4000:]}")
     return world
 
 

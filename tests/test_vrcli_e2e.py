@@ -6,13 +6,13 @@ one CPU machine."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from openrlhf_classmate.testing.e2e import max_weight_change, model_weights, run_launcher, tensorboard_scalars
 from openrlhf_classmate.testing.vrcli_world import build_plan_follower, write_story_rows
+from openrlhf_classmate.testing.watchdog import run_watched
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,11 +23,12 @@ def test_vrcli_config_trains_two_steps_through_the_launcher(tmp_path):
     data = tmp_path / "data"
     write_story_rows(str(data / "train.jsonl"), 4, seed=1, mention=True)  # the policy copies colours into plans
     write_story_rows(str(data / "val.jsonl"), 2, seed=2, split="val", mention=True)
-    res = subprocess.run([sys.executable, "setup_data/vrcli_baseline_ppl.py", "--model", gen, "--in-place", "--quiet",
-                          str(data / "train.jsonl"), str(data / "val.jsonl")], cwd=REPO, capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "6 datapoints in 2 file(s)" in res.stdout
+    baseline_log = tmp_path / "baseline.log"
+    code = run_watched([sys.executable, "setup_data/vrcli_baseline_ppl.py", "--model", gen, "--in-place", "--quiet",
+                        str(data / "train.jsonl"), str(data / "val.jsonl")], str(baseline_log), cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": REPO})
+    assert code == 0, baseline_log.read_text()[-3000:]
+    assert "6 datapoints in 2 file(s)" in baseline_log.read_text()
 
     root = tmp_path / "run"
     argv = [

@@ -11,9 +11,16 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
+from openrlhf_classmate.testing.watchdog import (  # noqa: F401  (kill_session, release_build_locks: re-exported)
+    HARD_TIMEOUT,
+    QUIET,
+    TIMEOUT_EXIT,
+    kill_session,
+    release_build_locks,
+    run_watched,
+)
 
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
 
@@ -74,71 +81,20 @@ def launcher_argv(world: dict[str, str], classmate: bool = True, zero_stage: int
     return argv + list(extra or [])
 
 
-TIMEOUT_EXIT = 124
-
-
-def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout: int = 900,
-                 env: dict[str, str] | None = None) -> int:
+def run_launcher(argv: list[str], log_path: str, cwd: str | None = None, timeout: float | None = HARD_TIMEOUT,
+                 env: dict[str, str] | None = None, quiet: float = QUIET) -> int:
     """Run the launcher as a subprocess (as a user would), output to ``log_path``; returns the exit code.
 
-    The launcher runs in its own process session; past ``timeout`` seconds the whole session (the launcher, its
-    local Ray cluster, engine processes) is killed, a line saying so is appended to the log, and the result is
-    :data:`TIMEOUT_EXIT` (124, as ``timeout(1)``), so a caller can go on with a clean machine."""
-    import subprocess
+    It runs under :func:`~openrlhf_classmate.testing.watchdog.run_watched`: the whole session (the launcher, its local
+    Ray cluster, engine processes) is killed when the log has not grown for ``quiet`` seconds or after ``timeout``
+    seconds in all, and the result is then :data:`TIMEOUT_EXIT` (124, as ``timeout(1)``), so a caller can go on with a
+    clean machine. No limit depends on how fast the machine is: a loaded machine slows a run, it does not silence it."""
     import sys
 
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",
            **(env or {})}
-    started = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=cwd,
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_session(proc)
-            log.write(f"\n[run_launcher] killed after {timeout} s (timeout)\n")
-            for lock in release_build_locks(since=started):
-                log.write(f"[run_launcher] removed the build lock {lock} left by the killed session\n")
-            return TIMEOUT_EXIT
-
-
-def release_build_locks(since: float) -> list[str]:
-    """Remove the torch-extension JIT build locks created since ``since`` (by builders of a session just killed).
-
-    DeepSpeed builds its ops (FusedAdam, CPUAdam, ...) with ``torch.utils.cpp_extension``, which guards a build with
-    a ``lock`` file and makes every later build of that op wait while the file exists; a build killed half-way
-    leaves it behind, and every later run would hang. Only locks newer than the killed run are touched."""
-    import glob
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                   "torch_extensions")
-    removed = []
-    for lock in glob.glob(os.path.join(root, "**", "lock"), recursive=True):
-        try:
-            if os.path.getmtime(lock) >= since - 1:
-                os.remove(lock)
-                removed.append(lock)
-        except OSError:
-            pass
-    return removed
-
-
-def kill_session(proc, grace: float = 15.0) -> None:
-    """SIGTERM the process session led by ``proc`` (started with ``start_new_session=True``), then SIGKILL what is
-    left of it after ``grace`` seconds."""
-    import signal
-    import subprocess
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
+    return run_watched([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], log_path, cwd=cwd,
+                       env=env, quiet=quiet, timeout=timeout)
 
 
 def tensorboard_scalars(tb_dir: str) -> dict[str, dict[int, float]]:
