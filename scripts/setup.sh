@@ -17,7 +17,16 @@ case "$stack" in cpu|gpu) ;; *) echo "setup.sh: OPENRLHF_CLASSMATE_STACK must be
 if [ "$stack" = gpu ]; then reqs=(requirements.txt); else reqs=(requirements-cpu.txt constraints-cpu.txt); fi
 stamp_value="$stack $(cat "${reqs[@]}" pyproject.toml | sha256sum | cut -d' ' -f1)"
 stamp=.venv/.setup_stamp
+# CPU stack: DeepSpeed's C++ ops built once into .venv/torch_extensions, where the tests load them from (tests/conftest.py;
+# openrlhf_classmate/testing/ds_ops.py says why), so that no test run compiles them inside its time
+build_ops() {
+  [ "$stack" = cpu ] || return 0
+  if ls .venv/torch_extensions/{fused_adam,deepspeed_shm_comm,cpu_adam}/*.so >/dev/null 2>&1; then return 0; fi
+  echo "setup.sh: building DeepSpeed's CPU ops (a few minutes, once)"
+  DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$root/.venv/torch_extensions" .venv/bin/python -m openrlhf_classmate.testing.ds_ops
+}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_value" ] && .venv/bin/python -c "import openrlhf_classmate" 2>/dev/null; then
+  build_ops
   echo "setup.sh: .venv is up to date ($stack stack)"
   exit 0
 fi
@@ -35,5 +44,6 @@ else
   "${pip[@]}" --no-deps openrlhf==0.11.2
 fi
 "${pip[@]}" --no-deps -e .
+build_ops
 echo "$stamp_value" > "$stamp"
 echo "setup.sh: done ($stack stack)"

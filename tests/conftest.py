@@ -9,6 +9,14 @@ os.environ.setdefault("WANDB_MODE", "offline")
 import pytest  # noqa: E402
 
 import openrlhf_classmate  # noqa: E402,F401
+from openrlhf_classmate.testing.ds_ops import extensions_dir  # noqa: E402
+
+# DeepSpeed's CPU ops from this environment's own build folder, where scripts/setup.sh built them (ds_ops.py says why);
+# inherited by the launcher subprocesses and their Ray workers
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+
+# slow_guard: a test that starts Ray, DeepSpeed, the launcher or the demo must be marked slow (the fast loop skips it)
+pytest_plugins = ["pytester", "openrlhf_classmate.testing.slow_guard"]
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import ray
 
+pytestmark = pytest.mark.slow  # a real Ray cluster
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROBE = textwrap.dedent('''

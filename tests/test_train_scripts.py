@@ -9,6 +9,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -318,18 +319,15 @@ def test_a_server_that_never_becomes_ready_fails_the_script_and_is_stopped(tmp_p
 def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, tiny):
     port = _free_port()
     stop = _serve(port)
-    env = dict(os.environ, JUDGE_URL=f"http://127.0.0.1:{port}/v1", GPUS_PER_NODE="1", PYTHON=sys.executable,
-               DATA=tiny["judge_data"], EVAL_DATA="", MODEL=tiny["policy"], DRY_RUN="1",
-               OUTPUT_DIR=str(tmp_path / "out"))
+    env = {"JUDGE_URL": f"http://127.0.0.1:{port}/v1", "GPUS_PER_NODE": "1", "DATA": tiny["judge_data"],
+           "EVAL_DATA": "", "MODEL": tiny["policy"], "OUTPUT_DIR": str(tmp_path / "out")}
     try:
-        proc = subprocess.run(["bash", os.path.join(SCRIPTS, "baseline_grpo.sh")], env=env, capture_output=True,
-                              text=True, timeout=60)
+        cmd, servers, report = _dry_run("baseline_grpo", env)
     finally:
         stop()
-    assert proc.returncode == 0, proc.stderr
-    assert "vllm serve" not in proc.stdout  # nothing started
-    assert f"--classmate.judge_base_url http://127.0.0.1:{port}/v1 --classmate.judge_model served-judge" in proc.stdout
-    assert "check passed: the run would start" in proc.stderr  # the real preflight, with the judge flags
+    assert servers == []  # nothing started
+    assert f"--classmate.judge_base_url http://127.0.0.1:{port}/v1 --classmate.judge_model served-judge" in " ".join(cmd)
+    assert "check passed: the run would start" in report  # the real preflight, with the judge flags
 
 
 def test_dry_run_runs_the_real_preflight_and_stops_on_bad_data(tmp_path, tiny):
@@ -389,22 +387,19 @@ def test_given_tinyv_and_classifier_urls_reach_the_launcher(tmp_path, tiny):
     chat = [{"role": "user", "content": "1 + 1 = ?"}]
     label = {"data_source": "bigmath_tinyv", "ground_truth": "2", "question": "1 + 1 = ?", "messages": chat}
     data.write_text(json.dumps({"prompt": chat, "label": json.dumps(label)}) + "\n")
-    env = dict(os.environ, GPUS_PER_NODE="1", PYTHON=sys.executable, DATA=str(data), EVAL_DATA="",
-               MODEL=tiny["policy"], DRY_RUN="1", TINYV_URL=f"http://127.0.0.1:{port}/v1", TINYV_MODE="mixed",
-               TINYV_WEIGHT="0.5", DARLING_CLASSIFIER_URLS=f"http://127.0.0.1:{a}/v1,http://127.0.0.1:{b}/v1")
+    env = {"GPUS_PER_NODE": "1", "DATA": str(data), "EVAL_DATA": "", "MODEL": tiny["policy"],
+           "TINYV_URL": f"http://127.0.0.1:{port}/v1", "TINYV_MODE": "mixed", "TINYV_WEIGHT": "0.5",
+           "DARLING_CLASSIFIER_URLS": f"http://127.0.0.1:{a}/v1,http://127.0.0.1:{b}/v1"}
     try:
-        tinyv = subprocess.run(["bash", os.path.join(SCRIPTS, "tinyv.sh")], env=env, capture_output=True,
-                               text=True, timeout=60)
-        darling = subprocess.run(["bash", os.path.join(SCRIPTS, "darling.sh")], env=env, capture_output=True,
-                                 text=True, timeout=60)
+        tinyv, tinyv_servers, _ = _dry_run("tinyv", env)
+        darling, darling_servers, _ = _dry_run("darling", env)
     finally:
         for stop in stops:
             stop()
-    assert tinyv.returncode == 0 and darling.returncode == 0, tinyv.stderr + darling.stderr
-    assert "vllm serve" not in tinyv.stdout + darling.stdout  # nothing started
+    assert tinyv_servers == darling_servers == []  # nothing started
     assert (f"--tinyv.base_url http://127.0.0.1:{port}/v1 --tinyv.model served-judge --tinyv.mode mixed "
-            "--tinyv.weight 0.5") in tinyv.stdout
-    assert f"--darling.classifier_urls http://127.0.0.1:{a}/v1 http://127.0.0.1:{b}/v1" in darling.stdout
+            "--tinyv.weight 0.5") in " ".join(tinyv)
+    assert f"--darling.classifier_urls http://127.0.0.1:{a}/v1 http://127.0.0.1:{b}/v1" in " ".join(darling)
 
 
 def test_missing_inputs_are_named(tmp_path, fakes):
@@ -445,19 +440,67 @@ def tiny(tmp_path_factory):
             "judge_data": str(judge_data)}
 
 
+# the scripts' python in the dry runs: the preflight call (``--check``) is recorded (flags and the launcher's
+# environment), not run; the test runs the real preflight in-process on exactly those flags, without a second
+# interpreter importing torch, Ray and DeepSpeed for it (~8 s of CPU per script); any other call is the real python
+RECORDING_PYTHON = """#!{python}
+import json, os, sys
+PREFLIGHT = ["-m", "openrlhf_classmate.cli.train_ppo_ray", "--check"]
+if sys.argv[1:4] == PREFLIGHT:
+    env = {{k: v for k, v in os.environ.items() if k.startswith(("OPENRLHF_CLASSMATE_", "DARLING_", "TINYV_", "VRCLI_"))}}
+    with open(os.environ["PREFLIGHT_RECORD"], "a") as f:
+        f.write(json.dumps({{"flags": sys.argv[4:], "env": env, "cwd": os.getcwd()}}) + "\\n")
+    sys.exit(0)
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+"""
+
+
+def _real_preflight(record: dict) -> str:
+    """The launcher's preflight on a recorded ``--check`` call, in-process; returns what it printed."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from openrlhf_classmate.cli import train_ppo_ray
+
+    out = io.StringIO()
+    with mock.patch.dict(os.environ, record["env"]), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        cwd = os.getcwd()
+        os.chdir(record["cwd"])
+        try:
+            train_ppo_ray.main(["--check", *record["flags"]])
+        except SystemExit as e:
+            pytest.fail(f"the preflight refused the dry run's command: {e}\n{out.getvalue()}")
+        finally:
+            os.chdir(cwd)
+    return out.getvalue()
+
+
 def _dry_run(script: str, env: dict, *args: str) -> tuple[list[str], list[str], str]:
+    """Run ``script`` with DRY_RUN=1; returns the launcher command it printed, the server commands, and what the
+    real preflight printed for the flags the script checked (which must be those of the printed command)."""
     full = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
-    full.update(DRY_RUN="1", PYTHON=sys.executable, **env)
-    proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "check passed: the run would start" in proc.stderr  # the launcher's preflight ran first
+    with tempfile.TemporaryDirectory(prefix="dry_run_") as bindir:
+        python = os.path.join(bindir, "python")
+        with open(python, "w") as f:
+            f.write(RECORDING_PYTHON.format(python=sys.executable))
+        os.chmod(python, 0o755)
+        full.update(DRY_RUN="1", PYTHON=python, PREFLIGHT_RECORD=os.path.join(bindir, "preflight.jsonl"), **env)
+        proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        with open(full["PREFLIGHT_RECORD"]) as f:
+            checks = [json.loads(line) for line in f]
     commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     launcher = [c for c in commands if "openrlhf_classmate.cli.train_ppo_ray" in c]
     assert len(launcher) == 1, proc.stdout
     cmd = launcher[0]
     servers = [c for c in commands if c is not cmd]
-    return cmd, [" ".join(s) for s in servers], proc.stderr
+    # the script ran the preflight once, on the flags it launches with
+    assert len(checks) == 1 and checks[0]["flags"] == _launcher_flags(cmd), (checks, cmd)
+    report = _real_preflight(checks[0])
+    assert "check passed: the run would start" in report, report
+    return cmd, [" ".join(s) for s in servers], report
 
 
 def _launcher_flags(cmd: list[str]) -> list[str]:
