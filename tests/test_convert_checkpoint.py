@@ -1,5 +1,6 @@
 """Checkpoint conversion: DeepSpeed ZeRO checkpoint -> verified Hugging Face directory, on the checkpoint of a real CPU
-end-to-end launcher run (one 2-step run per module), plus the error cases and the hub upload (mocked, no network)."""
+end-to-end launcher run (the session's 2-step plain GRPO run), plus the error cases and the hub upload (mocked, no
+network)."""
 
 import glob
 import json
@@ -10,22 +11,14 @@ import pytest
 import torch
 
 from openrlhf_classmate.cli import convert_checkpoint as cc
-from openrlhf_classmate.testing.e2e import build_world, launcher_argv, run_launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A 2-step GRPO run of the launcher (ZeRO-2, bf16, checkpoints and HF saves at steps 1 and 2)."""
-    world = build_world(str(tmp_path_factory.mktemp("convert") / "world"))
-    log = os.path.join(world["root"], "launcher.log")
-    # an entropy bonus moves the weights every step even when a tiny random policy's rewards do not vary within a
-    # group (then the policy loss alone has no gradient)
-    code = run_launcher(launcher_argv(world, classmate=False, extra=["--actor.entropy_coef", "0.01"]), log, cwd=REPO)
-    if code != 0:
-        pytest.fail(f"launcher run failed ({code}):\n{open(log).read()[-4000:]}")
-    return world
+def run(plain_grpo_run):
+    """The session's 2-step plain GRPO launcher run (tests/conftest.py), checkpoints at steps 1 and 2."""
+    return plain_grpo_run
 
 
 def _model(path):

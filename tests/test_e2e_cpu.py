@@ -62,20 +62,28 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     records = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
     assert len(records) == 1 and b"classmate/stage_overlap_time" in open(records[0], "rb").read()
 
-    # resume: a second episode starts from the saved step 2 and its dataloader state
+    # resume: a second episode starts from the saved step 2 and its dataloader state; it trains with
+    # --train.dynamic_batch_enable (which turns on --ds.packing_samples) in this classmate run (issue 19; one launch
+    # fewer than a run of its own: start-up is ~95% of a 2-step run)
     resumed = launcher_argv(world, num_episodes=2, extra=["--ckpt.load_enable", "--logger.tensorboard_dir",
-                                                         os.path.join(root, "tb_resume")])
+                                                         os.path.join(root, "tb_resume"), "--train.dynamic_batch_enable",
+                                                         "--train.max_tokens_per_gpu", "96", "--ds.packing_samples"])
     _launch(resumed, str(tmp_path / "run2.log"))
     tb2 = tensorboard_scalars(os.path.join(root, "tb_resume"))
     assert set(tb2["train/classmate/reward"]) == {3, 4}
     assert open(os.path.join(actor_ckpt, "latest")).read().strip() == "global_step4"
     with open(os.path.join(root, "ckpt", "engine_weight_updates.json")) as f:
         assert json.load(f) == {"policy": [3], "classmate": [0]}  # resync at resume + 2 steps
+    assert "-> sdpa" in open(tmp_path / "run2.log").read()  # no flash-attn on CPU: packed sequences through sdpa's mask
+    assert set(tb2["train/classmate/classmate_loss"]) == {3, 4}
+    assert all(v == 0.0 for v in tb2["train/classmate/adv_abs_outside_cot"].values())
+    change = max_weight_change(model_weights(os.path.join(root, "ckpt", "global_step2_hf")),
+                               model_weights(os.path.join(root, "hf_final")))
+    assert change > 1e-4, f"the packed steps did not change the weights (max |delta| = {change})"
 
 
-def test_plain_grpo_baseline_runs_through_our_launcher(tmp_path):
-    world = build_world(str(tmp_path / "world"))
-    _launch(launcher_argv(world, classmate=False), str(tmp_path / "run.log"))
+def test_plain_grpo_baseline_runs_through_our_launcher(plain_grpo_run):
+    world = plain_grpo_run  # shared with test_convert_checkpoint (tests/conftest.py)
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
         assert json.load(f) == {"policy": [2], "classmate": []}
     tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
@@ -102,49 +110,25 @@ def test_reference_reproduction_loss_under_zero3(tmp_path):
     assert change > 1e-4
 
 
-def test_kl_in_reward_and_overlong_penalty_reach_a_classmate_run(tmp_path):
-    """Upstream's default KL mode (KL folded into the reward, no --algo.kl.use_loss) and DAPO's overlong penalty
-    through the launcher: both show up in what the main stream is trained on (issue 11)."""
+def test_async_classmate_training_with_kl_in_reward_and_overlong_penalty(tmp_path):
+    """--train.async_enable: the rollout actor dispatches each batch's classmate requests, the training actor
+    gathers them; 3 steps, every one with classmate scores for every sample (issue 19). The same run has upstream's
+    default KL mode (KL folded into the reward, no --algo.kl.use_loss) and DAPO's overlong penalty: both show up in
+    what the main stream is trained on (issue 11; one launch for both: start-up is ~95% of a short run)."""
     world = build_world(str(tmp_path / "world"))
-    argv = [a for a in launcher_argv(world, estimator="gdpo") if a != "--algo.kl.use_loss"]
+    argv = [a for a in launcher_argv(world, estimator="gdpo", max_samples=12, extra=["--train.async_enable"])
+            if a != "--algo.kl.use_loss"]
     argv += ["--algo.kl.init_coef", "0.05", "--algo.kl.estimator", "k1", "--reward.overlong_buffer_len", "12",
              "--reward.overlong_penalty_factor", "1.0"]
     _launch(argv, str(tmp_path / "run.log"))
     tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
-    assert set(tb["train/classmate/main_kl_return"]) == {1, 2}
+    for tag in ("train/classmate/reward", "train/classmate/valid", "train/classmate/stage_time",
+                "train/classmate/main_kl_return"):
+        assert set(tb[tag]) == {1, 2, 3}, tag
+    assert all(v == 1.0 for v in tb["train/classmate/request_fraction"].values())  # no batch without its scores
     assert any(v != 0.0 for v in tb["train/classmate/main_kl_return"].values())  # the KL return is trained on
     penalties = tb["train/classmate/main_length_penalty"].values()
     assert all(-1.0 <= v <= 0.0 for v in penalties) and any(v < 0 for v in penalties)  # max_new_tokens 16, buffer 12
-    with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
-        assert json.load(f) == {"policy": [2], "classmate": [0]}
-
-
-def test_classmate_with_sample_packing_and_dynamic_batching(tmp_path):
-    """--train.dynamic_batch_enable (which turns on --ds.packing_samples) in a classmate run (issue 19)."""
-    world = build_world(str(tmp_path / "world"))
-    extra = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "96", "--ds.packing_samples"]
-    _launch(launcher_argv(world, estimator="separated", extra=extra), str(tmp_path / "run.log"))
-    log = open(tmp_path / "run.log").read()
-    assert "-> sdpa" in log  # no flash-attn on CPU: packed sequences through sdpa's packed-sequence mask
-    with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
-        assert json.load(f) == {"policy": [2], "classmate": [0]}
-    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
-    assert set(tb["train/classmate/classmate_loss"]) == {1, 2}
-    assert all(v == 0.0 for v in tb["train/classmate/adv_abs_outside_cot"].values())
-    change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(world["root"], "hf_final")))
-    assert change > 1e-4
-
-
-def test_async_classmate_training_dispatches_in_the_rollout_actor(tmp_path):
-    """--train.async_enable: the rollout actor dispatches each batch's classmate requests, the training actor
-    gathers them; 3 steps, every one with classmate scores for every sample (issue 19)."""
-    world = build_world(str(tmp_path / "world"))
-    _launch(launcher_argv(world, estimator="gdpo", max_samples=12, extra=["--train.async_enable"]),
-            str(tmp_path / "run.log"))
-    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
-    for tag in ("train/classmate/reward", "train/classmate/valid", "train/classmate/stage_time"):
-        assert set(tb[tag]) == {1, 2, 3}, tag
-    assert all(v == 1.0 for v in tb["train/classmate/request_fraction"].values())  # no batch without its scores
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
         updates = json.load(f)
     assert updates["classmate"] == [0] and updates["policy"] == [3]
