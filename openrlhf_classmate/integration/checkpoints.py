@@ -140,6 +140,38 @@ def choose_resume_tag(load_dir: str, zero_stage: int | None = None) -> ResumeCho
     )
 
 
+def resume_choice(ckpt_path: str, zero_stage: int | None = None) -> ResumeChoice | None:
+    """What ``--ckpt.load_enable`` with ``--ckpt.path ckpt_path`` loads: the tag of ``<ckpt_path>/_actor``
+    (:func:`choose_resume_tag`), or None for a fresh start because nothing was saved there yet.
+
+    Raises :class:`CheckpointError` when the folder holds something but nothing to resume from: an ``_actor``
+    folder without a complete tag (upstream would load nothing from it and then fail inside Ray on the missing
+    training state), DeepSpeed tags directly in ``ckpt_path`` (the ``_actor`` folder passed as ``--ckpt.path``), or
+    only Hugging Face ``*_hf`` saves."""
+    load_dir = os.path.join(ckpt_path, "_actor")
+    ways_out = "start without --ckpt.load_enable, or pass the --ckpt.path of the run to resume"
+    if os.path.lexists(load_dir) and not os.path.isdir(load_dir):
+        raise CheckpointError(f"{load_dir} is not a folder: {ways_out}")
+    choice = choose_resume_tag(load_dir, zero_stage)
+    if choice is not None:
+        return choice
+    if os.path.isdir(load_dir):
+        found = sorted(os.listdir(load_dir))
+        what = "is empty" if not found else "holds no 'latest' file and no global_stepN/ folder (only " + \
+            ", ".join(found[:3]) + (", ..." if len(found) > 3 else "") + ")"
+        raise CheckpointError(f"{load_dir} {what}, so there is no checkpoint to resume from: remove that folder "
+                              f"to start fresh there, or {ways_out}")
+    names = sorted(os.listdir(ckpt_path)) if os.path.isdir(ckpt_path) else []
+    if "latest" in names or any(tag_step(n) is not None for n in names):
+        raise CheckpointError(f"{ckpt_path} holds DeepSpeed tags itself ('latest', global_stepN/), but a resume "
+                              "reads them from <ckpt.path>/_actor: pass the folder above it as --ckpt.path")
+    hf = [n for n in names if _HF_RE.match(n)]
+    if hf:
+        raise CheckpointError(f"{ckpt_path} holds Hugging Face saves ({hf[0]}) but no DeepSpeed checkpoint "
+                              f"(_actor/), which a resume needs (was --ckpt.disable_ds set?): {ways_out}")
+    return None
+
+
 def _tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(path) for f in names)
 
