@@ -130,12 +130,13 @@ def test_strategy_subclass_is_what_upstream_builds_and_what_travels_to_the_actor
 def test_launcher_rebinds_get_strategy(monkeypatch):
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
     from openrlhf_classmate.integration import patches
     from openrlhf_classmate.integration.strategy import get_strategy
 
     for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "placement_group"),
-                         (cli, "get_strategy"), (ppo_trainer, "PPOTrainer")):
+                         (cli, "get_strategy"), (ppo_trainer, "PPOTrainer"), (ppo_trainer_async, "PPOTrainerAsync")):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     patches.install_launcher(object(), object(), object())
     assert cli.get_strategy is get_strategy
