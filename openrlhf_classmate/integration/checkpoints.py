@@ -1,4 +1,5 @@
-"""Checkpoint folders on disk: which DeepSpeed tag a resume can use, and rotation of the ``*_hf`` folders.
+"""Checkpoint folders on disk: which DeepSpeed tag a resume can use (:func:`resume_choice`), and rotation of the tags
+(:func:`rotate_tags`, after a save is complete) and of the ``*_hf`` folders.
 
 DeepSpeed writes a tag's files (``*model_states.pt``, ``*optim_states.pt``) and only then the ``latest`` file, but
 a run killed mid-save, a full disk or a partial copy leaves a *torn* tag: a missing rank's file, or a ``.pt`` file cut
