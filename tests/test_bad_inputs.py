@@ -274,10 +274,38 @@ LAUNCHER = [
     L("classmate without policy engines", ["--vllm.num_engines", "0"], "--vllm.num_engines >= 1"),
     L("resume with every checkpoint torn", lambda w, t: ["--ckpt.path", _torn_ckpt(t, break_older=True), "--ckpt.load_enable"],
       "--ckpt.load_enable", "mp_rank_00_model_states.pt is cut short", "global_step1 has no *optim_states.pt"),
+    L("resume from an empty _actor folder", lambda w, t: ["--ckpt.path", _resume_dir(t, "empty"), "--ckpt.load_enable"],
+      "--ckpt.load_enable", "_actor is empty", "no checkpoint to resume from"),
+    L("resume from an _actor folder of other files", lambda w, t: ["--ckpt.path", _resume_dir(t, "other"),
+                                                                   "--ckpt.load_enable"],
+      "--ckpt.load_enable", "no 'latest' file and no global_stepN/ folder (only notes.txt)"),
+    L("resume with --ckpt.path set to the _actor folder", lambda w, t: ["--ckpt.path", _resume_dir(t, "actor"),
+                                                                        "--ckpt.load_enable"],
+      "--ckpt.load_enable", "holds DeepSpeed tags itself", "pass the folder above it as --ckpt.path"),
+    L("resume from Hugging Face saves only", lambda w, t: ["--ckpt.path", _resume_dir(t, "hf"), "--ckpt.load_enable"],
+      "--ckpt.load_enable", "holds Hugging Face saves (global_step2_hf) but no DeepSpeed checkpoint"),
+    L("resume with nothing saved yet", lambda w, t: ["--ckpt.path", str(t / "new"), "--ckpt.load_enable"],
+      "--ckpt.load_enable: no checkpoint in", "the run starts from step 0", passes=True),
     L("resume over a torn latest checkpoint", lambda w, t: ["--ckpt.path", _torn_ckpt(t, break_older=False),
                                                              "--ckpt.load_enable"],
       "global_step2/mp_rank_00_model_states.pt is cut short", "resuming from global_step1", passes=True),
 ]
+
+
+def _resume_dir(tmp: Path, kind: str) -> str:
+    """A --ckpt.path with an ``_actor`` folder that is empty / holds other files, the ``_actor`` folder itself, or
+    a --ckpt.path with only an HF save."""
+    ckpt = tmp / "ckpt"
+    if kind == "actor":
+        return _torn_ckpt(tmp, break_older=False) + "/_actor"
+    if kind == "hf":
+        (ckpt / "global_step2_hf").mkdir(parents=True)
+        return str(ckpt)
+    (ckpt / "_actor").mkdir(parents=True)
+    if kind == "other":
+        (ckpt / "_actor" / "notes.txt").write_text("not a checkpoint")
+    return str(ckpt)
+
 
 YAML = [
     Y("yaml syntax error", "actor:\n  adam: [1,\nrollout: x\n", "run.yaml:", "not valid YAML"),
@@ -337,6 +365,12 @@ SETUP_DATA = [
       "data.jsonl", "cannot tell which source split"),
     S("setup max rows 0", "gsm8k", lambda t: _gsm(t, [GSM]) + ["--max-rows", "0"], "--max-rows"),
     S("setup negative size", "gsm8k", lambda t: _gsm(t, [GSM]) + ["--test-size", "-1"], "--test-size", ">= 0"),
+    S("setup output dir is the input's folder", "gsm8k", lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]),
+                                                                     "--output-dir", str(t)],
+      "train.jsonl: writing train.jsonl here would replace the input file", "choose another --output-dir"),
+    S("setup output dir is the input's folder via a symlink", "gsm8k",
+      lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]), "--output-dir",
+                 str((t / "link").symlink_to(t) or t / "link")], "would replace the input file"),
     S("setup mmlu answer index out of range", "mmlu_sycophancy",
       lambda t: ["--input", _jsonl(t / "test.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 5,
                                                         "subject": "s"}]), "--output-dir", str(t / "o")],
@@ -512,6 +546,15 @@ CONVERT = [
     V("convert base model with a broken config", lambda w, t: [_fake_tag(t), str(t / "out"), "--base-model",
                                                               _bad_config_model(t, w)],
       "cannot build a model from its config"),
+    V("convert output is the checkpoint", lambda w, t: [ck := _fake_tag(t), ck, "--overwrite", "--base-model",
+                                                        w["policy"]],
+      "is the checkpoint folder", "would delete that input"),
+    V("convert output inside the checkpoint", lambda w, t: [ck := _fake_tag(t), ck + "/_actor/hf", "--base-model",
+                                                            w["policy"]], "lies inside the checkpoint folder"),
+    V("convert output holds the checkpoint", lambda w, t: [_fake_tag(t), str(t), "--overwrite", "--base-model",
+                                                           w["policy"]], "contains the checkpoint folder"),
+    V("convert output is the base model", lambda w, t: [_fake_tag(t), w["policy"], "--overwrite", "--base-model",
+                                                         w["policy"]], "is the base model folder"),
     V("convert bad dtype", lambda w, t: [_fake_tag(t), str(t / "out"), "--dtype", "int8"], "--dtype",
       "invalid choice"),
     Case("convert base model of another size", "convert", lambda w, t: _mismatched_base(w, t),

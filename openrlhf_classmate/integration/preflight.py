@@ -13,7 +13,8 @@ is one :class:`PreflightError` line naming the flag, the file (and line) or the 
   registry and accepted by that scorer, ``messages`` for the classmate), and a judge configured when a data source
   is judge-scored;
 * the think tags in the tokenizers (the policy's when a classmate or the ``after_think`` reward splits on them);
-* with ``--ckpt.load_enable``: the checkpoint a resume would load (a torn ``latest`` tag falls back, with a warning).
+* with ``--ckpt.load_enable``: the checkpoint a resume would load (a torn ``latest`` tag falls back, with a warning;
+  nothing saved yet: a warning that the run starts from step 0; a checkpoint folder without a usable tag: an error).
 
 Only tokenizers and model configs are loaded; nothing touches a GPU.
 """
@@ -361,17 +362,17 @@ def check_tokenizers(args: SimpleNamespace, report: PreflightReport, load: Calla
 
 
 def check_resume(args: SimpleNamespace, report: PreflightReport) -> None:
-    from openrlhf_classmate.integration.checkpoints import CheckpointError, choose_resume_tag
+    from openrlhf_classmate.integration.checkpoints import CheckpointError, resume_choice
 
     if not args.ckpt.load_enable:
         return
     load_dir = os.path.join(args.ckpt.path, "_actor")
     try:
-        choice = choose_resume_tag(load_dir, args.ds.zero_stage)
+        choice = resume_choice(args.ckpt.path, args.ds.zero_stage)
     except CheckpointError as e:
         raise PreflightError(f"--ckpt.load_enable: {e}") from None
-    if choice is None:
-        report.lines.append(f"--ckpt.load_enable: no checkpoint in {load_dir} yet, the run starts from step 0")
+    if choice is None:  # a warning, so that a real launch says it on stderr too (not only --check's report)
+        report.warnings.append(f"--ckpt.load_enable: no checkpoint in {load_dir} yet, the run starts from step 0")
         return
     report.warnings.extend(choice.notes(load_dir))
     report.lines.append(f"--ckpt.load_enable: resumes from {os.path.join(load_dir, choice.tag)}")
