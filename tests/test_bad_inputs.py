@@ -404,10 +404,16 @@ MORE_PREFLIGHT = [
     L("vrcli max_len shorter than every sequence", ["--algo.kl.init_coef", "1e-6", "--vrcli.enable",
                                                      "--vrcli.baseline", "online", "--vrcli.max_len", "8"],
       "--vrcli.max_len 8", "shorter than", classmate=False, data=lambda w, t: _story_rows(t)),
-    D("code rows with the sandbox not reachable", [{"prompt": "x", "label": json.dumps(
-        {"data_source": "code", "tests": ["assert 1"], "max_execution_time": 100})}],
-      "sandbox", "not reachable", "100", classmate=False, passes=True),
+    Case("code rows with the sandbox not reachable", "launcher", lambda w, t: _code_rows_without_sandbox(w, t),
+         ("sandbox", "not reachable", "largest 100 s", "data.jsonl:1"), passes=True),
 ]
+
+
+def _code_rows_without_sandbox(w: dict, t: Path) -> tuple[int, str]:
+    data = _jsonl(t / "data.jsonl", [{"prompt": "x", "label": json.dumps(
+        {"data_source": "code", "tests": ["assert 1"], "max_execution_time": 100})}])
+    with _env(OPENRLHF_CLASSMATE_SANDBOX_URL=_refused_port().removesuffix("/v1")):
+        return run_launcher(launcher_argv(w, classmate=False, data=data))
 if not importlib.util.find_spec("vllm") or "shims" in (importlib.util.find_spec("vllm").origin or ""):
     MORE_PREFLIGHT.append(L("engine backend vllm without vLLM", ["--engine.backend", "vllm"], "--engine.backend vllm",
                             "not installed"))

@@ -309,6 +309,11 @@ def log_resolved(message: str) -> None:
     print(f"[openrlhf_classmate] {message}", file=sys.stderr, flush=True)
 
 
+def warn(message: str) -> None:
+    """One stderr line for a problem the run survives (Ray forwards an actor's stderr to the driver's)."""
+    print(f"[openrlhf_classmate] warning: {message}", file=sys.stderr, flush=True)
+
+
 def resolve_classmate_args(args: SimpleNamespace) -> None:
     """Fill in the derived values of the ``--classmate.*`` / ``--engine.*`` groups (and the upstream flags they
     decide), logging each value set that the user did not give. Runs after upstream's post-processing, before

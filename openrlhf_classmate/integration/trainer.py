@@ -114,10 +114,11 @@ class ClassmateControllerMixin(BasePPOTrainer):
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
+                why = "" if e.reason else ("(judge or verifier down or misconfigured? see the reward function's log "
+                                           "lines); ")
                 raise TrainingStopped(
                     f"error: {e} in each of the first {self.invalid_steps} steps: no score has been valid yet "
-                    "(judge or verifier down or misconfigured? see the reward function's log lines); "
-                    "stopping (--classmate.stop_after_invalid_steps)") from None
+                    f"{why}stopping (--classmate.stop_after_invalid_steps)") from None
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
             return {**health, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
