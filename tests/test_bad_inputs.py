@@ -2,10 +2,16 @@
 
 Each row names the tool, builds the input in a temporary world (tiny local models, small data files), runs the tool's
 real entry point in-process (the launcher's ``main(["--check", ...])``, a setup_data script's ``main``,
-``evaluate.main``, ``convert_checkpoint.main``, or the scoring API) and checks the outcome: for the command-line
-tools exactly one ``error:`` line, no traceback, a non-zero exit status, and the substrings that name the flag, the
-file (and line) or the field; for scoring calls the exception type or the (invalid / zero) score and its reason.
-A few rows are inputs that must still pass, with a warning (a torn checkpoint with a complete older one).
+``evaluate.main``, ``convert_checkpoint.main``, the sandbox's command line and its real app (requests through
+FastAPI's test client), or the scoring API) and checks the outcome: for the command-line tools exactly one
+``error:`` line, no traceback, a non-zero exit status, and the substrings that name the flag, the file (and line) or
+the field; for scoring calls and sandbox requests the exception type, the (invalid / zero) score and its reason, or
+the HTTP status and error. A few rows are inputs that must still pass, with a warning (a torn checkpoint with a
+complete older one, prompts longer than --data.max_len leaves room for, a sandbox not reachable at --check time).
+
+Rows are grouped by class (LAUNCHER, CHAT: chat messages; NUMBERS: non-finite / out-of-range numbers in every flag
+group, upstream's floats and the environment, think-tag pairs; MORE_PREFLIGHT: what used to pass the preflight and
+fail inside Ray; YAML; SETUP_DATA; SCORING; SANDBOX; CONVERT; EVALUATE): a new bad input joins its class.
 ``test_launcher_subprocess`` repeats two rows through a real ``python -m ... --check`` process.
 """
 
@@ -360,6 +366,9 @@ NUMBERS = [
       "--classmate.think_open", "swapped"),
     L("classmate think tags identical", ["--classmate.classmate_think_close", "<think>"],
       "--classmate.classmate_think_open", "same tag"),
+    L("classmate think tags swapped", ["--classmate.classmate_think_open", "</think>",
+                                       "--classmate.classmate_think_close", "<think>"],
+      "--classmate.classmate_think_open", "swapped"),
     L("think tags swapped, after_think reward without a classmate", ["--classmate.think_open", "</think>",
                                                                      "--classmate.think_close", "<think>"],
       "swapped", classmate=False),
@@ -391,6 +400,10 @@ MORE_PREFLIGHT = [
     D("dataset compressed (.jsonl.gz)", [], "data.jsonl.gz", "compressed", suffix=".jsonl.gz",
       raw=__import__("gzip").compress(b'{"prompt": "x"}\n')),
     D("dataset of a format the loader cannot read (.txt)", [], "data.txt", ".jsonl", suffix=".txt", raw=b"x\n"),
+    D("dataset suffix in capitals (.JSONL)", [_row()], "data.JSONL", "case-sensitively", "rename", suffix=".JSONL"),
+    L("eval dataset compressed", lambda w, t: ["--eval.dataset", str((t / "eval.jsonl.gz").write_bytes(
+        __import__("gzip").compress(b"{}\n")) and t / "eval.jsonl.gz")], "--eval.dataset", "eval.jsonl.gz",
+      "compressed"),
     L("max_samples 0", ["--data.max_samples", "0"], "--data.max_samples", ">= 1"),
     L("max_samples negative", ["--data.max_samples", "-5"], "--data.max_samples", ">= 1"),
     L("max_epochs 0", ["--train.max_epochs", "0"], "--train.max_epochs", ">= 1"),

@@ -230,7 +230,8 @@ def load_yaml(path: str, what: str = "--config") -> Any:
         merged = {k.value: v for k, v in node.value if id(k) not in explicit}
         for key_node, value_node in node.value:
             other = merged.get(key_node.value) if id(key_node) in explicit else None
-            if isinstance(other, yaml.MappingNode) and isinstance(value_node, yaml.MappingNode):
+            if (isinstance(other, yaml.MappingNode) and isinstance(value_node, yaml.MappingNode)
+                    and not any(k.tag == MERGE_TAG for k, _ in value_node.value)):  # merging inside it is fine
                 raise ConfigError(f"{what} {path}:{key_node.start_mark.line + 1}: '{key_node.value}' replaces the whole "
                                   f"'{key_node.value}' mapping of the merge key (YAML merges are shallow: its other "
                                   f"keys would be dropped); merge inside it ({key_node.value}: {{<<: *anchor, ...}}) "
