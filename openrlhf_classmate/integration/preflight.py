@@ -4,14 +4,12 @@
 what it found and exits (0: the run would start); the launcher runs the same checks before it starts Ray. A problem
 is one :class:`PreflightError` line naming the flag, the file (and line) or the field to fix:
 
-* numeric ranges of every ``--classmate.*`` / ``--engine.*`` option (:data:`RANGES`), the judge flags, and the few
-  upstream numbers that would only fail (or hang) later;
-* model and classmate paths: a local model folder with ``config.json``, or something that looks like a hub id;
+* every number of our flag groups finite and in its field's range (``config_fields.field_problem``), the scorer
+  and judge flags, and the upstream counts and step intervals that would only fail (or hang) later;
+* model and classmate paths: a local model folder with ``config.json``, or something that looks like a hub id; no
+  tokenizer larger than its model's embedding;
 * checkpoint, output and log directories: writable, or creatable;
-* the prompt and eval datasets (local ``.jsonl`` / ``.json`` / ``.parquet``), read with
-  :mod:`openrlhf_classmate.data.io`: the prompt field, the label (parsed, its ``data_source`` known to the scorer
-  registry and accepted by that scorer, ``messages`` for the classmate), and a judge configured when a data source
-  is judge-scored;
+* the prompt and eval datasets: :mod:`openrlhf_classmate.integration.preflight_data`;
 * the think tags in the tokenizers (the policy's when a classmate or the ``after_think`` reward splits on them);
 * with ``--ckpt.load_enable``: the checkpoint a resume would load (a torn ``latest`` tag falls back, with a warning).
 
