@@ -541,7 +541,9 @@ def _start_fails(*flags: str) -> str:
 
 
 def test_bad_settings_stop_the_start_with_one_line():
-    assert _start_fails("--memory-mb", "0") == "error: these settings must be > 0: memory_mb=0"
+    assert _start_fails("--memory-mb", "0") == "error: these settings must be finite numbers > 0: memory_mb=0"
+    assert _start_fails("--max-time-limit", "inf").endswith(
+        "argument --max-time-limit: must be a finite number, got 'inf'")
     assert _start_fails("--isolation", "sometimes").endswith("invalid choice: 'sometimes' (choose from 'auto', "
                                                              "'root', 'userns', 'none')")
     assert _start_fails("--default-time-limit", "30", "--max-time-limit", "10") == \
