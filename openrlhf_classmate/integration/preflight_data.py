@@ -91,7 +91,9 @@ def _dataset_files(flag: str, spec: str) -> Iterator[tuple[str, str | None]]:
             elif suffix.lower() in (*SCANNED_SUFFIXES, *UNSCANNED_SUFFIXES):
                 raise PreflightError(f"{flag} {path}: OpenRLHF's loader matches the suffix case-sensitively and "
                                      f"does not read {suffix!r}: rename the file to {suffix.lower()}")
-            elif suffix != ".py":  # a loading script: upstream runs it
+            elif suffix == ".py":
+                yield local, "not scanned (a loading script: OpenRLHF runs it)"
+            else:
                 raise PreflightError(f"{flag} {path}: OpenRLHF's loader does not read {suffix or 'suffix-less'} "
                                      "files from a local path: give a .jsonl, .json or .parquet file (or .csv, "
                                      ".arrow, a saved dataset folder)")
