@@ -755,6 +755,8 @@ EVALUATE = [
     E("evaluate think tags identical", lambda w, t: _ev(w, t, "--think-open", "</think>"), "--think-open",
       "same tag"),
     E("evaluate temperature nan", lambda w, t: _ev(w, t, "--temperature", "nan"), "--temperature"),
+    E("evaluate gpu memory utilization nan", lambda w, t: _ev(w, t, "--gpu-memory-utilization", "nan"),
+      "--gpu-memory-utilization", "finite"),
     E("evaluate think tag not in the tokenizer", lambda w, t: _ev(w, t, "--think-close", "</reasoning>"),
       "--think-open/--think-close"),
 ]

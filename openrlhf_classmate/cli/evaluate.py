@@ -59,6 +59,8 @@ class Row:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from openrlhf_classmate.config_fields import refuse_non_finite
+
     p = argparse.ArgumentParser(prog="python -m openrlhf_classmate.cli.evaluate",
                                 description="Generate on a test jsonl, score, and report (see the module docstring).")
     p.add_argument("--model", required=True, help="model directory or hub id (e.g. a run's final/ folder)")
@@ -107,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
+    refuse_non_finite(p)  # every float flag: NaN / inf refused when read, one error line
     return p
 
 
