@@ -51,10 +51,15 @@ def _args(world, *extra, classmate=True, policy=None):
     return parse_args(argv + list(extra))
 
 
-def _sample(tok, prompt: str, response: str, reward: float, valid: bool = True, truncated: bool = False):
+def _sample(tok, prompt: str, response: str, reward: float, valid: bool = True, truncated: bool = False,
+            cut_to: int | None = None):
+    """A rollout sample; ``cut_to``: its prompt ids cut from the front to that many, as upstream's executor does to a
+    prompt longer than its room (the sample keeps the full prompt text)."""
     messages = [{"role": "user", "content": prompt}]
     prompt_text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
+    if cut_to is not None:
+        prompt_ids = prompt_ids[-cut_to:]
     response_ids = tok(response, add_special_tokens=False)["input_ids"] + ([] if truncated else [tok.eos_token_id])
     seq = torch.tensor(prompt_ids + response_ids)
     action_mask = torch.zeros(len(seq) - 1, dtype=torch.bool)
@@ -674,3 +679,30 @@ def test_reward_hooks_see_the_whole_batch_before_every_estimator(world, fake_ray
     assert scalars[:4].tolist() == pytest.approx([-1.0, 0.0, 1.0, 0.0])  # row 3 invalid: mean of 0, 1, 2
     assert scalars[4:8].tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
     assert all(torch.all(e.info["hook/score_mean"] == 1.5) for e in out)
+
+
+def test_prompts_cut_by_upstream_and_classmate_calls_over_the_context_are_said_once_with_counts(world, fake_ray,
+                                                                                                  capfd):
+    # room for a prompt: --data.max_len 40 - --rollout.max_new_tokens 12 = 28 tokens; the first group's prompt is
+    # longer and arrives cut to 28 (as upstream's executor leaves it); a 24-token classmate context skips row 5
+    args = _args(world, "--classmate.estimator", "separated", "--classmate.max_context", "24")
+    maker, _ = _maker(args, world.tok, fake_ray)
+    long_prompt = " ".join(["1 +"] * 15) + " 2 = ?"
+
+    def rollout():
+        return [_sample(world.tok, long_prompt if i < 4 else "1 + 2 = ?", r, m, cut_to=28 if i < 4 else None)
+                for i, (r, m) in enumerate(RESPONSES)]
+
+    first = maker.make_experience_batch(rollout())
+    second = maker.make_experience_batch(rollout())
+    for out in (first, second):
+        assert out[0].info["prompt_truncated"][0].item() == pytest.approx(4 / 12)
+    said = capfd.readouterr()
+    text = said.out + said.err
+    assert text.count("4 of 12 rollout samples of this step had their prompt cut from the front to 28 tokens") == 1
+    assert text.count("classmate: 5 of 12 requests of this step were skipped") == 1  # the long prompts + row 5
+    assert "--classmate.max_context 24" in text
+    # a prompt that fits exactly is not counted
+    maker, _ = _maker(args, world.tok, fake_ray)
+    exact = maker.truncated_prompts([_sample(world.tok, "1 + 2 = ?", "<think> 3 </think> 3", 1.0, cut_to=28)])
+    assert exact == {"prompt_truncated": 0.0}

@@ -312,6 +312,11 @@ def log_resolved(message: str) -> None:
     print(f"[openrlhf_classmate] {message}", file=sys.stderr, flush=True)
 
 
+def warn(message: str) -> None:
+    """One stderr line for a problem the run survives (Ray forwards an actor's stderr to the driver's)."""
+    print(f"[openrlhf_classmate] warning: {message}", file=sys.stderr, flush=True)
+
+
 def resolve_classmate_args(args: SimpleNamespace) -> None:
     """Fill in the derived values of the ``--classmate.*`` / ``--engine.*`` groups (and the upstream flags they
     decide), logging each value set that the user did not give. Runs after upstream's post-processing, before
@@ -358,6 +363,10 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         # T must be one constant: the padded width of a micro-batch would score the same response by prompt length
         _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm divides each sequence's token sum by a fixed T = "
               "--rollout.max_new_tokens: set --rollout.max_new_tokens")
+    if args.engine.backend == "vllm" and not _real("vllm"):
+        _fail("--engine.backend vllm: vLLM is not installed here (import vllm finds only the CPU shim); install it, "
+              "or use --engine.backend hf (transformers generate) or auto")
+    _check_think_tags(args)
     if not classmate_enabled(args):
         for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):
             if getattr(cfg, name) != default:
@@ -418,6 +427,22 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
                   "--actor.policy_loss_type gspo has no meaning there: use --classmate.loss separated with gspo")
     if cfg.prompt_mode == "splice":
         _check_splice_vocab(args)
+
+
+def _check_think_tags(args: SimpleNamespace) -> None:
+    """The tag pairs that split responses (classmate stage, after_think reward) and frame the classmate's prompt."""
+    from openrlhf_classmate.algo.spans import think_tags_problem
+
+    cfg = args.classmate
+    pairs = []
+    if classmate_enabled(args) or (registry_reward_in_use(args) and cfg.final_answer == "after_think"):
+        pairs.append(("think", cfg.think_open, cfg.think_close))
+    if classmate_enabled(args):
+        pairs.append(("classmate_think", cfg.classmate_think_open, cfg.classmate_think_close))
+    for name, open_tag, close_tag in pairs:
+        problem = think_tags_problem(open_tag, close_tag)
+        if problem:
+            _fail(f"--classmate.{name}_open / --classmate.{name}_close: {problem}")
 
 
 def _check_placement_fits(args: SimpleNamespace) -> None:

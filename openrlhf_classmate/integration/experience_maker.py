@@ -37,11 +37,18 @@ from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from openrlhf_classmate.algo.advantages import SEPARATED, compute_advantages, group_std, whiten_tokens
-from openrlhf_classmate.integration.classmate_config import uses_separated_loss
+from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
+from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
 
 
 class AllScoresInvalidError(RuntimeError):
-    """Every main score of the rollout batch is invalid: there is nothing to learn from this step."""
+    """Every main score of the rollout batch is invalid: there is nothing to learn from this step. ``reason``: why,
+    when a reward hook knows (e.g. every VR-CLI sequence over ``--vrcli.max_len``), else None (judge, verifier or
+    reward function: their log lines say)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message if reason is None else f"{message} ({reason})")
+        self.reason = reason
 
 
 class RewardHook(Protocol):
@@ -119,15 +126,41 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         self._kl = [exp.kl for exp in experiences]
         return super().compute_advantages_and_returns(experiences)
 
+    def truncated_prompts(self, rollout_samples) -> dict[str, float]:
+        """Upstream cuts a prompt longer than ``--data.max_len`` minus the generation budget from the front, with a
+        log line per prompt in the engine process only; the run says it once, with the step's counts, and logs the
+        fraction (``prompt_truncated``) every step. A prompt is cut when its ids fill the whole room and the prompt
+        text (as the dataset gave it) tokenises to more."""
+        args = self.args
+        room = args.data.max_len - (getattr(args.rollout, "max_new_tokens", None) or 1)
+        cut = 0
+        for sample in rollout_samples:
+            kept = len(prompt_ids_of(sample))
+            text = sample.prompts[0] if sample.prompts else None
+            if kept >= room and isinstance(text, str) and len(
+                    self.tokenizer(text, add_special_tokens=False)["input_ids"]) > kept:
+                cut += 1
+        if cut and not getattr(self, "_said_truncation", False):
+            self._said_truncation = True
+            classmate = " (the classmate reads the full prompt from the label)" if self.stage is not None else ""
+            warn(
+                f"{cut} of {len(rollout_samples)} rollout samples of this step had their prompt cut from the front to "
+                f"{room} tokens (--data.max_len {args.data.max_len} - --rollout.max_new_tokens): the policy never saw "
+                f"the beginning of those prompts{classmate}; raise --data.max_len or drop the long rows (said once; "
+                "the metric prompt_truncated counts them every step)")
+        return {"prompt_truncated": cut / max(len(rollout_samples), 1)}
+
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
         self.check_labels(rollout_samples)
-        hook_metrics: dict[str, float] = {}
+        hook_metrics: dict[str, float] = self.truncated_prompts(rollout_samples)
         for hook in self.reward_hooks:
             hook_metrics.update(hook(self, rollout_samples))
         main_valid = main_validity(rollout_samples)
         if not main_valid.any():
-            raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid")
+            reasons = [r for r in (getattr(hook, "invalid_reason", None) for hook in self.reward_hooks) if r]
+            raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid",
+                                        "; ".join(reasons) or None)
         if self.stage is None:
             experiences = super().make_experience_batch(rollout_samples)
             if not main_valid.all():

@@ -114,7 +114,8 @@ class ClassmateControllerMixin(BasePPOTrainer):
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
-                raise TrainingStopped(no_valid_score_yet(f"{e} in each of the first {self.invalid_steps} steps")) from None
+                raise TrainingStopped(no_valid_score_yet(f"{e} in each of the first {self.invalid_steps} steps",
+                                                         reason_known=bool(e.reason))) from None
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
             return {**health, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
