@@ -599,3 +599,27 @@ def test_reward_hooks_see_the_whole_batch_before_every_estimator(world, fake_ray
     assert scalars[:4].tolist() == pytest.approx([-1.0, 0.0, 1.0, 0.0])  # row 3 invalid: mean of 0, 1, 2
     assert scalars[4:8].tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
     assert all(torch.all(e.info["hook/score_mean"] == 1.5) for e in out)
+
+
+def test_bench_alternation_runs_the_classmate_on_odd_batches_and_plain_grpo_on_even_ones(world, fake_ray, monkeypatch):
+    # bench/step_time.py --interleave: GDPO and GRPO steps timed in one process; an even batch must be exactly
+    # upstream's GRPO (no classmate call, upstream's advantages), an odd one the full classmate step
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    extra = ["--algo.advantage.estimator", "group_norm"]
+    maker, _ = _maker(_args(world, *extra), world.tok, fake_ray)
+    reference = _per_row(_upstream(_args(world, *extra, classmate=False), world.tok, _rollout(world.tok)),
+                         "advantages")
+    for batch in (1, 2, 3):
+        fake_ray.clear()
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        classmate_step = batch % 2 == 1
+        assert ("generate" in fake_ray) == classmate_step
+        assert all(float(e.info["bench/classmate_step"][0]) == float(classmate_step) for e in experiences)
+        assert all(("classmate/stage_time" in e.info) == classmate_step for e in experiences)
+        if not classmate_step:
+            ours = _per_row(experiences, "advantages")
+            for i in range(12):
+                torch.testing.assert_close(ours[i].double(), reference[i].double(), rtol=0, atol=2e-6)
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    with pytest.raises(ValueError, match="single-advantage estimator"):
+        _maker(_args(world, "--classmate.estimator", "separated"), world.tok, fake_ray)
