@@ -706,3 +706,27 @@ def test_prompts_cut_by_upstream_and_classmate_calls_over_the_context_are_said_o
     maker, _ = _maker(args, world.tok, fake_ray)
     exact = maker.truncated_prompts([_sample(world.tok, "1 + 2 = ?", "<think> 3 </think> 3", 1.0, cut_to=28)])
     assert exact == {"prompt_truncated": 0.0}
+
+
+def test_bench_alternation_runs_the_classmate_on_odd_batches_and_plain_grpo_on_even_ones(world, fake_ray, monkeypatch):
+    # bench/step_time.py --interleave: GDPO and GRPO steps timed in one process; an even batch must be exactly
+    # upstream's GRPO (no classmate call, upstream's advantages), an odd one the full classmate step
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    extra = ["--algo.advantage.estimator", "group_norm"]
+    maker, _ = _maker(_args(world, *extra), world.tok, fake_ray)
+    reference = _per_row(_upstream(_args(world, *extra, classmate=False), world.tok, _rollout(world.tok)),
+                         "advantages")
+    for batch in (1, 2, 3):
+        fake_ray.clear()
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        classmate_step = batch % 2 == 1
+        assert ("generate" in fake_ray) == classmate_step
+        assert all(float(e.info["bench/classmate_step"][0]) == float(classmate_step) for e in experiences)
+        assert all(("classmate/stage_time" in e.info) == classmate_step for e in experiences)
+        if not classmate_step:
+            ours = _per_row(experiences, "advantages")
+            for i in range(12):
+                torch.testing.assert_close(ours[i].double(), reference[i].double(), rtol=0, atol=2e-6)
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    with pytest.raises(ValueError, match="single-advantage estimator"):
+        _maker(_args(world, "--classmate.estimator", "separated"), world.tok, fake_ray)

@@ -293,7 +293,7 @@ def uses_separated_loss(args: SimpleNamespace) -> bool:
     return classmate_enabled(args) and (cfg.loss == "vanilla_classmate" or cfg.estimator in SEPARATED_ESTIMATORS)
 
 
-def _real(package: str) -> bool:
+def real_package(package: str) -> bool:
     """True when ``package`` is really installed (not our CPU import shim)."""
     import importlib.util
 
@@ -329,10 +329,10 @@ def resolve_classmate_args(args: SimpleNamespace) -> None:
             if enabled:  # unused without a classmate: not worth a line
                 log_resolved(f"--classmate.classmate_{name} {getattr(cfg, name)} (from --classmate.{name})")
     if args.engine.backend == "auto":
-        args.engine.backend = "vllm" if _real("vllm") else "hf"
+        args.engine.backend = "vllm" if real_package("vllm") else "hf"
         log_resolved(f"--engine.backend {args.engine.backend} (auto: vLLM is "
                      f"{'installed' if args.engine.backend == 'vllm' else 'not installed'})")
-    if args.ds.packing_samples and args.ds.attn_implementation.startswith("flash_attention") and not _real("flash_attn"):
+    if args.ds.packing_samples and args.ds.attn_implementation.startswith("flash_attention") and not real_package("flash_attn"):
         # no flash-attn (CPU, or a GPU image without it): transformers' sdpa attends within each packed sequence,
         # like flash-attn's varlen kernel, when the model gets restarting position_ids (checked in tests/test_packing)
         log_resolved(f"--ds.packing_samples without flash-attn installed: --ds.attn_implementation "
@@ -363,9 +363,6 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         # T must be one constant: the padded width of a micro-batch would score the same response by prompt length
         _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm divides each sequence's token sum by a fixed T = "
               "--rollout.max_new_tokens: set --rollout.max_new_tokens")
-    if args.engine.backend == "vllm" and not _real("vllm"):
-        _fail("--engine.backend vllm: vLLM is not installed here (import vllm finds only the CPU shim); install it, "
-              "or use --engine.backend hf (transformers generate) or auto")
     _check_think_tags(args)
     if not classmate_enabled(args):
         for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):

@@ -28,6 +28,7 @@ happened in the rollout actor (``integration.trainer``): the batch arrives with 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Protocol
 
@@ -101,6 +102,14 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         self.colocated = colocated
         self.sleep = colocated or bool(getattr(self.args.classmate, "enable_sleep", False))
         self._kl: list[torch.Tensor | None] = []
+        # bench/step_time.py --interleave sets this: the classmate stage runs on odd rollout batches only and the
+        # even ones train as plain GRPO on the main reward, so that both kinds of step are timed in one process with
+        # the same engines, weights and machine drift (a benchmark control, never set in a training run)
+        self.bench_alternate = os.environ.get("OPENRLHF_CLASSMATE_BENCH_ALTERNATE") == "1"
+        if self.bench_alternate and self.stage is not None and uses_separated_loss(self.args):
+            raise ValueError("OPENRLHF_CLASSMATE_BENCH_ALTERNATE needs a single-advantage estimator (gdpo, grpo, ...): "
+                             "the separated losses cannot train a step without classmate advantages")
+        self._batches_made = 0
 
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
@@ -161,7 +170,11 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             reasons = [r for r in (getattr(hook, "invalid_reason", None) for hook in self.reward_hooks) if r]
             raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid",
                                         "; ".join(reasons) or None)
-        if self.stage is None:
+        self._batches_made += 1
+        classmate_step = self.stage is not None and not (self.bench_alternate and self._batches_made % 2 == 0)
+        if self.bench_alternate:
+            hook_metrics["bench/classmate_step"] = float(classmate_step)
+        if not classmate_step:
             experiences = super().make_experience_batch(rollout_samples)
             if not main_valid.all():
                 self._mask_invalid_main(rollout_samples, experiences, main_valid)

@@ -140,6 +140,16 @@ def check_judge_flags(args: SimpleNamespace) -> None:
                              "the judge server serves (its GET /v1/models lists it)")
 
 
+def check_engine_backend(args: SimpleNamespace) -> None:
+    """``--engine.backend vllm`` needs the real vLLM here (on the machine that launches; the argument parse accepts it
+    anywhere, so GPU command lines can be checked on a CPU machine)."""
+    from openrlhf_classmate.integration.classmate_config import real_package
+
+    if args.engine.backend == "vllm" and not real_package("vllm"):
+        raise PreflightError("--engine.backend vllm: vLLM is not installed here (import vllm finds only the CPU shim); "
+                             "install it, or use --engine.backend hf (transformers generate) or auto")
+
+
 def check_estimator_masks_invalid_scores(args: SimpleNamespace) -> None:
     """The scorer-registry reward marks failed scores invalid (placeholder 0). Every estimator leaves them out of its
     statistics except gae, whose critic regresses on every return and would learn the placeholder as a reward."""
@@ -326,6 +336,7 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     check_scorer_flags(args)
     check_judge_flags(args)
     check_estimator_masks_invalid_scores(args)
+    check_engine_backend(args)
     check_model_path("--actor.model_name_or_path", args.actor.model_name_or_path, report)
     for path in args.classmate.model_name_or_path or []:
         check_model_path("--classmate.model_name_or_path", path, report)
