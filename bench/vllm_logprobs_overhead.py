@@ -44,6 +44,7 @@ VARIANTS = {  # name -> SamplingParams keywords on top of upstream's
     "lp0": {"logprobs": 0},
     "lp0_nodetok": {"logprobs": 0, "detokenize": False},
     "mismatch": {"logprobs": 0, "detokenize": False, "output_kind": "FINAL_ONLY"},
+    "mismatch_flat": {"logprobs": 0, "detokenize": False, "output_kind": "FINAL_ONLY", "flat_logprobs": True},
     "upstream_final": {"output_kind": "FINAL_ONLY"},
 }
 

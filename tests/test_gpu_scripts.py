@@ -147,3 +147,10 @@ def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, 
     kill_session(proc, grace=2)
     states = subprocess.run(["ps", "-o", "stat=", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert proc.poll() is not None and [s for s in states if not s.startswith("Z")] == []  # zombies: dead, unreaped
+
+
+def test_vllm_logprobs_overhead_needs_a_real_vllm():
+    # it times vLLM's own output path; under the CPU shim it says so in one line instead of failing half-way
+    res = subprocess.run([sys.executable, "bench/vllm_logprobs_overhead.py", "--tokenizer", "none"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: this benchmark runs vLLM")

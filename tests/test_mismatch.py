@@ -13,7 +13,7 @@ import ray
 import torch
 
 from openrlhf_classmate.algo.mismatch import METRIC_KEYS, logprob_mismatch
-from openrlhf_classmate.integration import mismatch, patches
+from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.hf_engine import HFEngine, create_hf_engines
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
@@ -167,7 +167,6 @@ def test_metrics_off_leaves_upstreams_request_unchanged(monkeypatch):
     assert params.logprobs is None and params.output_kind == RequestOutputKind.CUMULATIVE and params.detokenize
     with pytest.raises(SystemExit, match="--engine.mismatch_warn_threshold warns on the mismatch metrics"):
         _args("--engine.no_mismatch_metrics", "--engine.mismatch_warn_threshold", "0.5")
-    assert patches.install_rollout_sampling_params  # (the rebinding is in the patches table)
 
 
 # ── the HF engine: the actor's log-probs of the sampled tokens, after temperature ──
