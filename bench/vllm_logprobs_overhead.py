@@ -14,8 +14,8 @@ requests x ``--tokens`` decode steps (the step-time bench's 256 x 512 by default
 
 * ``upstream``: upstream's rollout request without IS correction (no log-probs, detokenised, cumulative);
 * ``upstream_is``: upstream's request with ``--algo.advantage.is_correction_level`` (``logprobs=1``);
-* ``mismatch``: the launcher's default (``logprobs=0``, ``detokenize=False``, ``FINAL_ONLY``:
-  ``openrlhf_classmate/integration/mismatch.py``), plus ablations of its three settings.
+* ``mismatch``: the launcher's default on vLLM (``logprobs=0``, ``detokenize=False``, ``FINAL_ONLY``,
+  ``flat_logprobs``: ``openrlhf_classmate/integration/mismatch.py``), plus ablations of its settings.
 
 Prints one JSON line per variant (seconds and µs per generated token, minimum over ``--repeats``) and a table. The
 GPU side (one ``log_softmax`` over the vocabulary and a gather per decode step) is not in these numbers: the GPU
@@ -43,8 +43,8 @@ VARIANTS = {  # name -> SamplingParams keywords on top of upstream's
     "upstream_is": {"logprobs": 1},
     "lp0": {"logprobs": 0},
     "lp0_nodetok": {"logprobs": 0, "detokenize": False},
-    "mismatch": {"logprobs": 0, "detokenize": False, "output_kind": "FINAL_ONLY"},
-    "mismatch_flat": {"logprobs": 0, "detokenize": False, "output_kind": "FINAL_ONLY", "flat_logprobs": True},
+    "mismatch": {"logprobs": 0, "detokenize": False, "output_kind": "FINAL_ONLY", "flat_logprobs": True},
+    "mismatch_noflat": {"logprobs": 0, "detokenize": False, "output_kind": "FINAL_ONLY"},
     "upstream_final": {"output_kind": "FINAL_ONLY"},
 }
 
@@ -84,8 +84,9 @@ def run_variant(tokenizer, kwargs: dict, requests: int, tokens: int, seed: int =
     sampled = rng.integers(20, vocab - 1, size=(requests, tokens))
     width = None if params.logprobs is None else params.logprobs + 1  # the sampler's [sampled, top-k...] columns
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
-    core = wire = front = 0.0
-    finals = {}
+    # engine core (its own process in vLLM, whose heap never holds the frontend's outputs): every step's outputs are
+    # built and encoded first, then the frontend decodes and processes them
+    core, steps = 0.0, []
     gc.collect()
     for t in range(tokens):
         lists = None
@@ -98,7 +99,12 @@ def run_variant(tokenizer, kwargs: dict, requests: int, tokens: int, seed: int =
                                  new_logprobs=None if lists is None else lists.slice_request(i, 1),
                                  finish_reason=FinishReason.LENGTH if t == tokens - 1 else None)
                 for i in range(requests)]
-        buffers = encoder.encode(EngineCoreOutputs(outputs=outs))
+        steps.append([bytes(b) for b in encoder.encode(EngineCoreOutputs(outputs=outs))])
+        core += time.perf_counter() - t0
+    wire = front = 0.0
+    finals = {}
+    gc.collect()
+    for buffers in steps:
         t1 = time.perf_counter()
         outs = decoder.decode(buffers).outputs
         t2 = time.perf_counter()
@@ -106,7 +112,7 @@ def run_variant(tokenizer, kwargs: dict, requests: int, tokens: int, seed: int =
             if out.finished:
                 finals[out.request_id] = out
         t3 = time.perf_counter()
-        core, wire, front = core + t1 - t0, wire + t2 - t1, front + t3 - t2
+        wire, front = wire + t2 - t1, front + t3 - t2
     t4 = time.perf_counter()
     if width is not None:  # upstream's executor: the sampled token's log-prob of every position
         for out in finals.values():

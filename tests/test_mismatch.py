@@ -153,6 +153,8 @@ def test_rollout_requests_ask_for_the_sampled_tokens_log_prob_only(monkeypatch):
 
     params = _dispatched_params(monkeypatch, _args())
     assert params.logprobs == 0 and params.output_kind == RequestOutputKind.FINAL_ONLY and params.detokenize is False
+    assert params.flat_logprobs is False  # the HF engine (CPU: --engine.backend auto -> hf) returns a list of dicts
+    assert _dispatched_params(monkeypatch, _args("--engine.backend", "vllm")).flat_logprobs is True
     assert (params.temperature, params.top_p, params.max_tokens, params.min_tokens) == (0.7, 0.9, 12, 1)  # upstream's
     # upstream asks for logprobs=1 with IS correction: the sampled token's entry is all its executor reads
     assert _dispatched_params(monkeypatch, _args("--algo.advantage.is_correction_level", "token")).logprobs == 0
@@ -163,8 +165,9 @@ def test_rollout_requests_ask_for_the_sampled_tokens_log_prob_only(monkeypatch):
 def test_metrics_off_leaves_upstreams_request_unchanged(monkeypatch):
     from vllm.sampling_params import RequestOutputKind
 
-    params = _dispatched_params(monkeypatch, _args("--engine.no_mismatch_metrics"))
+    params = _dispatched_params(monkeypatch, _args("--engine.no_mismatch_metrics", "--engine.backend", "vllm"))
     assert params.logprobs is None and params.output_kind == RequestOutputKind.CUMULATIVE and params.detokenize
+    assert params.flat_logprobs is False
     with pytest.raises(SystemExit, match="--engine.mismatch_warn_threshold warns on the mismatch metrics"):
         _args("--engine.no_mismatch_metrics", "--engine.mismatch_warn_threshold", "0.5")
 

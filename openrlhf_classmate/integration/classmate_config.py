@@ -276,8 +276,9 @@ class EngineConfig:
                           "_max, mismatch/kl_k3: the policy engines' log-probs of the sampled tokens against the "
                           "actor's). On, each rollout request asks the engine for the sampled token's log-prob only, "
                           "with one final output per request and (without --train.agent_func_path) no detokenised "
-                          "text; off, upstream's request is sent unchanged. Cost: README, 'Train-inference "
-                          "mismatch'"},
+                          "text; off, upstream's request is sent unchanged. Cost: vLLM's per-token log-prob path in "
+                          "Python, a third to a half of what upstream's --algo.advantage.is_correction_level request "
+                          "adds (README, 'Train-inference mismatch')"},
     )
     mismatch_warn_threshold: float = field(
         default=0.1,

@@ -83,7 +83,7 @@ def _sampling_key(params) -> tuple:
 
 # vLLM sampling options the HF engine cannot honour: refused rather than silently ignored (value = vLLM's default)
 _UNSUPPORTED = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": [], "bad_words": [],
-                "logit_bias": None, "allowed_token_ids": None, "ignore_eos": False}
+                "logit_bias": None, "allowed_token_ids": None, "ignore_eos": False, "flat_logprobs": False}
 
 
 def check_supported(params) -> None:

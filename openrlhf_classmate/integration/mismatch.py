@@ -5,9 +5,9 @@ What runs where:
 * rollout request (the process that generates: the sync controller, or the async rollout actor):
   :func:`install_rollout_request` makes upstream's ``samples_generator`` build every policy request with
   ``logprobs=0`` (the sampled token's log-prob only: no top-k entries), ``output_kind=FINAL_ONLY`` (one output per
-  request instead of one per generated token) and, when the policy executor never reads the decoded text (no
-  ``--train.agent_func_path``), ``detokenize=False`` (vLLM then decodes neither the text nor a string per log-prob
-  entry). Upstream's executor turns the engine's log-probs into ``rollout_log_probs`` (``utils/agent.py``) as it
+  request instead of one per generated token), on vLLM ``flat_logprobs=True`` and, when the policy executor never
+  reads the decoded text (no ``--train.agent_func_path``), ``detokenize=False`` (vLLM then decodes neither the text
+  nor a string per log-prob entry). Upstream's executor turns the engine's log-probs into ``rollout_log_probs`` (``utils/agent.py``) as it
   does for ``--algo.advantage.is_correction_level``. Why these three settings: README, "Train–inference mismatch".
 * engines (``cli.train_ppo_ray.EngineFactory.policy``): vLLM policy engines start with
   ``logprobs_mode="processed_logprobs"`` (log-probs after temperature, as the actor computes them; upstream passes
@@ -42,12 +42,18 @@ def rollout_sampling_params(args: SimpleNamespace) -> Callable:
     # a user's agent (--train.agent_func_path) may read request_output.outputs[0].text; upstream's single-turn
     # executor and ours read token ids only
     detokenize = bool(getattr(args.train, "agent_func_path", None))
+    # vLLM: log-probs in a few flat lists per request instead of a dict and a Logprob per token (less for Python's
+    # garbage collector to walk in the engine actor; upstream's executor iterates both alike). The HF engine has
+    # no such container and refuses the option.
+    flat = args.engine.backend == "vllm"
 
     def build(**kwargs) -> SamplingParams:
         kwargs["logprobs"] = 0  # also where upstream asks for 1 (IS correction): it reads the sampled token only
         kwargs["output_kind"] = RequestOutputKind.FINAL_ONLY
         if not detokenize:
             kwargs["detokenize"] = False
+        if flat:
+            kwargs["flat_logprobs"] = True
         return SamplingParams(**kwargs)
 
     return build
