@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args)
     except Exception as e:  # noqa: BLE001 - only our own stop is turned into one line; anything else re-raises
-        from openrlhf_classmate.integration.trainer import TrainingStopped
+        from openrlhf_classmate.errors import TrainingStopped
 
         cause = getattr(e, "cause", e)  # Ray wraps the controller's exception in a RayTaskError
         if isinstance(cause, TrainingStopped):

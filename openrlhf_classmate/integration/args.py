@@ -56,9 +56,13 @@ from openrlhf_classmate.integration.classmate_config import (
     resolve_classmate_args,
     validate_classmate_args,
 )
-from openrlhf_classmate.integration.reward_methods import add_reward_method_arguments, validate_reward_method_args
+from openrlhf_classmate.integration.reward_methods import (
+    add_reward_method_arguments,
+    validate_reward_method_args,
+    validate_vrcli_args,
+)
 from openrlhf_classmate.integration.sampling_checks import check_sampling_args
-from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments, validate_vrcli_args
+from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments
 
 
 class ConfigError(ValueError):

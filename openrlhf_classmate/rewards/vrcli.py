@@ -1,7 +1,8 @@
 """VR-CLI's completion-likelihood reward in the experience maker (reward_methods.md §C; issue 15).
 
-The ``--vrcli.*`` flag group (:class:`VrcliConfig`), its launch checks (:func:`validate_vrcli_args`, before Ray) and
-the group-level reward hook (:class:`VrcliRewardHook`, built by the controller).
+The ``--vrcli.*`` flag group (:class:`VrcliConfig`; its launch checks are
+``integration.reward_methods.validate_vrcli_args``, before Ray) and the group-level reward hook
+(:class:`VrcliRewardHook`, built by the controller).
 
 Per rollout batch the hook
 
@@ -23,13 +24,11 @@ online``, from the same batched forward (once per datapoint, cached for the rest
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -38,7 +37,6 @@ from openrlhf_classmate.algo.vrcli_reward import (
     LADDER_REWARDS,
     LADDER_THRESHOLDS,
     MAPPINGS,
-    check_ladder,
     extract_plan,
     improvement,
     improvement_stats,
@@ -48,6 +46,7 @@ from openrlhf_classmate.algo.vrcli_reward import (
 )
 from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
 from openrlhf_classmate.data.story_prompts import generator_messages_from_policy_messages
+from openrlhf_classmate.errors import TrainingStopped
 from openrlhf_classmate.rewards.likelihood import (
     TemplateError,
     effective_ranks,
@@ -126,81 +125,6 @@ def add_vrcli_arguments(parser) -> None:
     from openrlhf_classmate.config_fields import add_dataclass_group
 
     add_dataclass_group(parser, "vrcli", VrcliConfig)
-
-
-def _fail(message: str):
-    raise SystemExit(f"error: {message}")
-
-
-def validate_vrcli_args(args: SimpleNamespace) -> None:
-    """Refuse what cannot work with the VR-CLI reward, before Ray starts; with ``--vrcli.baseline dataset`` also
-    check the baselines of local jsonl datasets against the reference model."""
-    v = args.vrcli
-    if not v.enable:
-        changed = [f.name for f in dataclasses.fields(VrcliConfig)
-                   if f.name != "enable" and getattr(v, f.name) != _default(f)]
-        if changed:
-            _fail(f"--vrcli.{changed[0]} has no effect without --vrcli.enable")
-        return
-    if not args.algo.kl.init_coef > 0:
-        _fail("--vrcli.enable scores plans with the reference model, which upstream creates only when "
-              "--algo.kl.init_coef > 0: set it (the released runs used --algo.kl.init_coef 1e-6 with "
-              "--algo.kl.use_loss --algo.kl.estimator k3)")
-    if args.rollout.temperature != 1.0:
-        _fail(f"--vrcli.enable with --rollout.temperature {args.rollout.temperature}: upstream's reference actor "
-              "divides its logits by the rollout temperature, so the perplexities would be those of a tempered "
-              "model; use --rollout.temperature 1.0 (the released runs did)")
-    from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH, classmate_enabled, log_resolved
-
-    if args.train.agent_func_path or args.reward.model_name_or_path or (args.reward.remote_url or []) != [
-            REWARD_FUNC_PATH]:
-        _fail("--vrcli.enable computes the main reward itself: drop --reward.remote_url / "
-              "--reward.model_name_or_path / --train.agent_func_path")
-    if not args.data.label_key:
-        _fail("--vrcli.enable reads the gold chapter and the datapoint from each row's label: set "
-              "--data.label_key (label, for rows written by setup_data/vrcli_story.py)")
-    if classmate_enabled(args):
-        _fail("--vrcli.enable with a classmate is not supported: drop --classmate.model_name_or_path")
-    if args.train.async_enable:
-        _fail("--vrcli.enable needs the synchronous trainer (its experience maker runs the reward): drop "
-              "--train.async_enable")
-    if args.algo.dynamic_filtering_enable:
-        _fail("--algo.dynamic_filtering_enable filters prompt groups on the rollout-time scores, before the VR-CLI "
-              "reward exists: drop it")
-    try:
-        check_ladder(v.thresholds, v.ladder_rewards)
-    except ValueError as e:
-        _fail(f"--vrcli.thresholds / --vrcli.ladder_rewards: {e}")
-    if v.micro_batch_size < 1:
-        _fail("--vrcli.micro_batch_size must be >= 1")
-    if v.max_tokens_per_forward < 0 or v.max_len < 0:
-        _fail("--vrcli.max_tokens_per_forward and --vrcli.max_len must be >= 0 (0 = no limit)")
-    args.reward.remote_url = [PENDING_REWARD_FUNC_PATH]
-    log_resolved(f"--reward.remote_url {PENDING_REWARD_FUNC_PATH} (--vrcli.enable: the experience maker computes "
-                 "the reward; the engines only mark it pending)")
-    v.reference_checksum = None
-    if v.baseline == "dataset":
-        from openrlhf_classmate.rewards.likelihood import model_checksum
-
-        print(f"vrcli: checksum of the reference model {args.actor.model_name_or_path} (to check the datasets' "
-              "precomputed baselines)", flush=True)
-        try:
-            v.reference_checksum = model_checksum(args.actor.model_name_or_path)
-        except (OSError, ValueError) as e:
-            _fail(f"--vrcli.baseline dataset: cannot checksum the reference model {args.actor.model_name_or_path} "
-                  f"({e}); use --vrcli.baseline online")
-        for flag, value in (("--data.prompt_dataset", args.data.prompt_dataset),
-                            ("--eval.dataset", getattr(args.eval, "dataset", None))):
-            for path in (value or "").split(","):
-                if os.path.isfile(path) and path.endswith((".jsonl", ".json")):
-                    problem = check_dataset_baselines(path, args.data.label_key, args.actor.model_name_or_path,
-                                                      v.reference_checksum, args.ds.param_dtype)
-                    if problem:
-                        _fail(f"{flag} {problem}")
-
-
-def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 # ── labels and baselines ──
@@ -411,10 +335,8 @@ def _set_reward(sample, reward: float, valid: bool) -> None:
     sample.info["main_valid"] = torch.tensor([1.0 if valid else 0.0])
 
 
-def _stop(message: str):
+def _stop(message: str) -> TrainingStopped:
     """The launcher prints a ``TrainingStopped`` as its one ``error:`` line."""
-    from openrlhf_classmate.integration.trainer import TrainingStopped
-
     return TrainingStopped(f"error: {message}")
 
 
