@@ -241,6 +241,27 @@ def test_missing_plan_zero_and_too_long_inputs(world, fake_ray):
     assert m["vrcli/invalid_too_long"] == 1 and m["vrcli/forward_sequences"] == 0
 
 
+def test_missing_plan_whole_scores_the_whole_response_as_released(world, fake_ray):
+    """--vrcli.missing_plan whole: a response without a marker is its own plan, scored exactly like the same text
+    after 'In summary:'; the count of marker-less responses is still logged."""
+    label = world.labels[0]
+    c = _colour(label)
+    text = f"{c} {c} and no marker"
+    responses = [text, f"In summary: {text}", f"In summary: {_other(c)}", "In summary:"]
+    samples = [_sample(world.tok, label, r) for r in responses]
+    m = _hook(world, missing_plan="whole", mapping="clipped")(_maker(world), samples)
+    rewards = [float(s.rewards[0]) for s in samples]
+    assert [float(s.info["main_valid"][0]) for s in samples] == [1.0, 1.0, 1.0, 1.0]
+    assert rewards[0] == rewards[1] > 2.0  # the gold colour helps, with or without the marker
+    assert m["vrcli/no_plan"] == 2 and m["vrcli/invalid"] == 0  # "In summary:" alone: the released empty plan
+    assert m["vrcli/forward_sequences"] == 4 + 1
+    # the default leaves both marker-less responses invalid
+    samples = [_sample(world.tok, label, r) for r in responses]
+    m = _hook(world, mapping="clipped")(_maker(world), samples)
+    assert [float(s.info["main_valid"][0]) for s in samples] == [0.0, 1.0, 1.0, 0.0]
+    assert m["vrcli/no_plan"] == 2 and m["vrcli/invalid"] == 2
+
+
 def test_a_bad_label_stops_the_run_with_one_line(world, fake_ray):
     label = dict(world.labels[0])
     del label["datapoint_id"]

@@ -9,7 +9,8 @@ Per rollout batch the hook
 1. reads each sample's label (``ground_truth`` = gold next chapter, ``messages`` = the policy prompt,
    ``datapoint_id``, ``baseline_ppl``): the datapoint is found through the label, never by parsing prompt text;
 2. extracts the plan from the decoded response (:func:`openrlhf_classmate.algo.vrcli_reward.extract_plan`); a
-   response without one is invalid (``--vrcli.missing_plan zero`` scores it 0 instead);
+   response without one is invalid (``--vrcli.missing_plan zero`` scores it 0 instead, ``whole`` takes the whole
+   response as its plan, as the released code does);
 3. builds the generator input (system, user prompt + plan block, assistant = gold chapter) with the model's chat
    template and runs all of them through the reference-model group in one batched
    ``async_run_method_batch(method_name="forward", ...)`` call, the gold chapter being the "action" span
@@ -43,6 +44,7 @@ from openrlhf_classmate.algo.vrcli_reward import (
     ladder_bucket,
     ladder_bucket_names,
     map_improvement,
+    released_plan,
 )
 from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
 from openrlhf_classmate.data.story_prompts import generator_messages_from_policy_messages
@@ -57,7 +59,7 @@ from openrlhf_classmate.rewards.likelihood import (
 
 DATA_SOURCE = "vrcli_story"
 BASELINE_MODES = ("dataset", "online")
-MISSING_PLAN_MODES = ("invalid", "zero")
+MISSING_PLAN_MODES = ("invalid", "zero", "whole")
 PENDING_REWARD_FUNC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pending_reward_func.py")
 BASELINE_SCRIPT = "setup_data/vrcli_baseline_ppl.py"
 
@@ -101,8 +103,12 @@ class VrcliConfig:
     missing_plan: str = field(
         default="invalid",
         metadata={"help": "A response with no plan (no 'In summary:' / 'In summary,' / 'Detailed Plan:' marker, or "
-                          "nothing after it): invalid (masked out of the group statistics) or zero "
-                          "(a valid reward of 0)", "choices": MISSING_PLAN_MODES},
+                          "nothing after it): invalid (masked out of the group statistics), zero (a valid reward "
+                          "of 0) or whole (the released code: the whole response, or the empty text after a "
+                          "trailing marker, is the plan). invalid is the default because the policy is asked to end "
+                          "with an 'In summary:' paragraph: under whole a response that skips it is rewarded for its "
+                          "entire reasoning as if it were that plan (and makes a longer generator input); use whole "
+                          "to reproduce the released runs. Logged: vrcli/no_plan", "choices": MISSING_PLAN_MODES},
     )
     micro_batch_size: int = field(
         default=8, metadata={"help": "Generator sequences per reference forward", "range": POSITIVE_INT}
@@ -210,6 +216,7 @@ class _Row:
     label: dict
     plan: str | None = None
     reason: str | None = None  # why the sample is not scored: no_plan, too_long
+    no_plan: bool = False  # no plan marker (or nothing after it); scored on the whole response with missing_plan whole
     item: int = -1  # index of its generator sequence in the forward batch
     baseline_key: tuple | None = None
 
@@ -286,7 +293,7 @@ class VrcliRewardHook:
         metrics.update({
             "vrcli/invalid": float(sum(r is not None and not (r == "no_plan" and cfg.missing_plan == "zero")
                                        for r in reasons)),
-            "vrcli/no_plan": float(reasons.count("no_plan")),
+            "vrcli/no_plan": float(sum(row.no_plan for row in rows)),
             "vrcli/invalid_too_long": float(reasons.count("too_long")),
             "vrcli/reward_forward_time": forward_time,
             "vrcli/reward_time": time.perf_counter() - t_start,
@@ -309,8 +316,12 @@ class VrcliRewardHook:
                 raise _stop(f"--vrcli.baseline dataset: {problem}")
         width = sample.action_mask.shape[1]
         response_ids = sample.sequences[0][-width:][sample.action_mask[0].bool()]
-        plan = extract_plan(self.tokenizer.decode(response_ids.tolist(), skip_special_tokens=True))
-        row = _Row(label=label, plan=plan, reason=None if plan is not None else "no_plan")
+        text = self.tokenizer.decode(response_ids.tolist(), skip_special_tokens=True)
+        plan = extract_plan(text)
+        no_plan = plan is None
+        if no_plan and self.config.missing_plan == "whole":
+            plan = released_plan(text)
+        row = _Row(label=label, plan=plan, reason="no_plan" if plan is None else None, no_plan=no_plan)
         row.baseline_key = (label["datapoint_id"], label["ground_truth"], json.dumps(label["messages"]))
         return row
 
