@@ -29,6 +29,8 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
     exec upstream's statements after parse_args(),     -> hierarchize (nested args.actor.adam.lr) and upstream's
       except the final train(args)                        checks; an AssertionError becomes a ConfigError
     resolve_classmate_args -> validate_classmate_args  -> our derived values (logged), then our checks
+    validate_model_options                             -> --ds.lora / ring_attn / tensor_parallel / liger: refused
+                                                          where they cannot work (integration/model_options.py)
     validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
                                                           engine reward for a pending one, logged)
     check_sampling_args                                -> every sampling setting through vLLM's SamplingParams
@@ -56,6 +58,7 @@ from openrlhf_classmate.integration.classmate_config import (
     resolve_classmate_args,
     validate_classmate_args,
 )
+from openrlhf_classmate.integration.model_options import validate_model_options
 from openrlhf_classmate.integration.reward_methods import (
     add_reward_method_arguments,
     validate_reward_method_args,
@@ -302,6 +305,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     args = namespace["args"]
     resolve_classmate_args(args)
     validate_classmate_args(args)
+    validate_model_options(args)
     validate_reward_method_args(args)
     validate_vrcli_args(args)
     check_sampling_args(args)
