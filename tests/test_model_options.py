@@ -27,6 +27,8 @@ def _error(argv) -> str:
      "each sequence across ranks and has never run with the classmate's per-token tensors"),
     (CLASSMATE + ["--ds.tensor_parallel_size", "2"], "error: --ds.tensor_parallel_size 2 with a classmate: DeepSpeed "
      "AutoTP duplicates each micro-batch across the TP ranks"),
+    (["--ds.tensor_parallel_size", "2", "--engine.backend", "hf"], "error: --ds.tensor_parallel_size 2 with HF "
+     "engines: their weight sync gathers ZeRO-3 partitions, not AutoTP shards"),
     (["--ds.lora.rank", "8", "--engine.backend", "vllm"], "error: --ds.lora.rank 8 with vLLM engines: upstream's "
      "weight sync sends the LoRA adapter's parameter names, which vLLM cannot load"),
     (CLASSMATE + ["--ds.lora.rank", "8", "--engine.backend", "vllm"], "error: --ds.lora.rank 8 with vLLM engines"),

@@ -13,7 +13,9 @@ Ray starts with one ``error:`` line (:func:`validate_model_options`, after the c
   those packages are missing.
 * ``--ds.tensor_parallel_size`` > 1 (DeepSpeed AutoTP, bf16 only): every rank of a TP group gets the same
   micro-batch, and the classmate tensors would travel through upstream's de-duplication of those copies, which no
-  classmate run has exercised (a TP run needs several GPUs): refused with a classmate.
+  classmate run has exercised: refused with a classmate. AutoTP itself trains on CPU (gloo), but the HF engines'
+  weight sync gathers ZeRO-3 partitions only, not AutoTP shards (upstream's vLLM sync gathers them): refused with HF
+  engines in any run.
 * ``--ds.use_liger_kernel`` swaps the model class for liger's (Triton kernels for norms, RoPE and MLP; the fused
   linear cross-entropy only when labels are passed, which upstream's actor forward never does), so the log-probs that
   both loss terms read are the usual ones and the classmate tensors are untouched: allowed with a classmate. The
@@ -44,6 +46,10 @@ def validate_model_options(args: SimpleNamespace) -> None:
             _fail(f"--ds.tensor_parallel_size {ds.tensor_parallel_size} with a classmate: DeepSpeed AutoTP duplicates "
                   "each micro-batch across the TP ranks, a path the classmate tensors have never run through: drop "
                   "it (ZeRO-3 with --ds.adam_offload shards a model that does not fit one GPU)")
+    if ds.tensor_parallel_size > 1 and args.engine.backend == "hf":
+        _fail(f"--ds.tensor_parallel_size {ds.tensor_parallel_size} with HF engines: their weight sync gathers ZeRO-3 "
+              "partitions, not AutoTP shards, so the engines would get one shard per weight: use vLLM engines "
+              "(upstream's sync gathers the shards) or drop --ds.tensor_parallel_size")
     if ds.use_liger_kernel and not _installed("liger_kernel"):
         _fail("--ds.use_liger_kernel loads the policy and reference through the liger-kernel package, which is not "
               "installed (it is not in requirements.txt and needs a GPU with Triton): pip install liger-kernel, or "
