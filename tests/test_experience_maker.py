@@ -490,7 +490,7 @@ def test_plain_runs_leave_invalid_scores_out_of_upstreams_batch_statistics(world
 
 def test_gae_stops_at_an_invalid_main_score_its_critic_would_learn(world, fake_ray):
     # the preflight refuses gae with the scorer-registry reward; a user's reward function can still mark scores
-    from openrlhf_classmate.integration.trainer import TrainingStopped
+    from openrlhf_classmate.errors import TrainingStopped
 
     args = _args(world, "--algo.advantage.estimator", "gae", "--reward.remote_url", "http://127.0.0.1:9/score",
                  classmate=False)

@@ -139,9 +139,9 @@ def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monke
     import torch
     from openrlhf.trainer.ppo_trainer import PPOTrainer
 
+    from openrlhf_classmate.errors import TrainingStopped
     from openrlhf_classmate.integration.args import parse_args
     from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
-    from openrlhf_classmate.integration.trainer import TrainingStopped
 
     label = '{"data_source": "arithmetic", "ground_truth": "2"}'
 

@@ -292,8 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args)
     except Exception as e:  # noqa: BLE001 - our own stop and a full disk become one line; anything else re-raises
+        from openrlhf_classmate.errors import TrainingStopped
         from openrlhf_classmate.integration.disk_full import no_space_message
-        from openrlhf_classmate.integration.trainer import TrainingStopped
 
         cause = getattr(e, "cause", e)  # Ray wraps the controller's exception in a RayTaskError
         if isinstance(cause, TrainingStopped):

@@ -33,6 +33,8 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
       except the final train(args)                        checks; an AssertionError becomes a ConfigError
     check_flag_groups                                  -> every number of our groups inside its field's range
     resolve_classmate_args -> validate_classmate_args  -> our derived values (logged), then our checks
+    validate_model_options                             -> --ds.lora / ring_attn / tensor_parallel / liger: refused
+                                                          where they cannot work (integration/model_options.py)
     validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
                                                           engine reward for a pending one, logged)
     check_sampling_args                                -> every sampling setting through vLLM's SamplingParams
@@ -61,9 +63,14 @@ from openrlhf_classmate.integration.classmate_config import (
     resolve_classmate_args,
     validate_classmate_args,
 )
-from openrlhf_classmate.integration.reward_methods import add_reward_method_arguments, validate_reward_method_args
+from openrlhf_classmate.integration.model_options import validate_model_options
+from openrlhf_classmate.integration.reward_methods import (
+    add_reward_method_arguments,
+    validate_reward_method_args,
+    validate_vrcli_args,
+)
 from openrlhf_classmate.integration.sampling_checks import check_sampling_args
-from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments, validate_vrcli_args
+from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments
 
 
 class ConfigError(ValueError):
@@ -365,6 +372,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     check_flag_groups(args)
     resolve_classmate_args(args)
     validate_classmate_args(args)
+    validate_model_options(args)
     validate_reward_method_args(args)
     validate_vrcli_args(args)
     check_sampling_args(args)

@@ -289,7 +289,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         args = self.args
         estimator = args.algo.advantage.estimator
         if estimator == "gae":  # refused at launch with the scorer-registry reward; another reward marked one invalid
-            from openrlhf_classmate.integration.trainer import TrainingStopped
+            from openrlhf_classmate.errors import TrainingStopped
 
             raise TrainingStopped("error: a main score marked invalid (extra_logs main_valid = 0) reached "
                                   "--algo.advantage.estimator gae, whose critic would learn its placeholder as a real "

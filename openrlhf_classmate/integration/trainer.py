@@ -24,14 +24,11 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
 from openrlhf.utils.logging_utils import init_logger
 
+from openrlhf_classmate.errors import TrainingStopped  # raised here, caught by the launcher
 from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
 
 logger = init_logger(__name__)
-
-
-class TrainingStopped(RuntimeError):
-    """The run cannot go on; the launcher prints the message as its one ``error:`` line."""
 
 
 def judge_config_from_args(args):

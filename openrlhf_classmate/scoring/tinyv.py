@@ -5,6 +5,12 @@ Scorer ``tinyv`` (data sources ``bigmath_tinyv``, ``bigmath_rl_tinyv``, ``HardVe
 ``_tinyv``). Per final answer, with P the rule verdict (math-verify, 1/0), V the verifier's (1/0, or the rubric score
 in [0, 1]) and w = ``--tinyv.weight``:
 
+P is a substitute: TinyV takes Prime Math's grader (MATH normalisation, a custom normalisation, sympy, then
+``math_equal``) on the trimmed answer. reward_methods.md §A.3 names those stages but not their rules, so a port could
+not be checked against Prime's verdicts; math-verify (the registry's MATH scorer, last box of the final answer) decides
+instead. Where the two graders disagree, addon asks the verifier on different answers than TinyV would, and mixed's
+``(1 - w) * P`` term differs.
+
 ===============  ==========================  ===========================
 mode             verifier asked              reward
 ===============  ==========================  ===========================
@@ -87,7 +93,10 @@ class TinyVConfig:
         default="addon",
         metadata={"help": "addon: ask the verifier only when the rule says wrong, reward 1 if the rule says right "
                           "else weight*V; tinyv_only: reward V (verifier always asked); mixed: weight*V + "
-                          "(1-weight)*rule", "choices": MODES},
+                          "(1-weight)*rule. The rule verdict is math-verify's on the final answer (its last box), a "
+                          "substitute for TinyV's Prime Math grader on the trimmed answer, which is not ported: the "
+                          "two can disagree on an answer, and with it on when addon asks the verifier and on the "
+                          "rule term of mixed", "choices": MODES},
     )
     weight: float = field(
         default=1.0,
