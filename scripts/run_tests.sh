@@ -17,8 +17,8 @@ if [ $# -gt 0 ]; then
   if [ $fast = 1 ]; then exec "${pytest[@]}" -m "not slow" "$@"; fi
   exec "${pytest[@]}" "$@"
 fi
-if [ $fast = 1 ]; then exec "${pytest[@]}" -m "not slow" -n 2; fi
+if [ $fast = 1 ]; then exec "${pytest[@]}" -m "not slow" -n 2 --dist loadfile; fi
 status=0
-"${pytest[@]}" -m "not slow" -n 2 || status=$?
+"${pytest[@]}" -m "not slow" -n 2 --dist loadfile || status=$?
 "${pytest[@]}" -m slow || { s=$?; [ $status -ne 0 ] || status=$s; }
 exit $status

@@ -27,20 +27,3 @@ def bpe_world(tmp_path_factory):
 
     return save_world(str(tmp_path_factory.mktemp("bpe_world")))
 
-
-@pytest.fixture(scope="session")
-def plain_grpo_run(tmp_path_factory):
-    """One 2-step plain GRPO run of the launcher (tiny e2e world, ZeRO-2, bf16, checkpoints and HF saves at steps 1
-    and 2), shared by the tests that check different things of it: ``test_e2e_cpu`` (the run) and
-    ``test_convert_checkpoint`` (its checkpoint). Every launch costs ~40 s of Ray, DeepSpeed and engine start-up on two
-    cores for ~2 s of training. An entropy bonus moves the weights every step even when a tiny random policy's rewards
-    do not vary within a group (then the policy loss alone has no gradient). Returns the world plus its ``log``."""
-    from openrlhf_classmate.testing.e2e import build_world, launcher_argv, run_launcher
-
-    world = build_world(str(tmp_path_factory.mktemp("plain_grpo") / "world"))
-    log = os.path.join(world["root"], "launcher.log")
-    code = run_launcher(launcher_argv(world, classmate=False, extra=["--actor.entropy_coef", "0.01"]), log,
-                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if code != 0:
-        pytest.fail(f"launcher run failed ({code}):\n{open(log).read()[-4000:]}")
-    return {**world, "log": log}
