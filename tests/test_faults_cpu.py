@@ -59,15 +59,8 @@ def _launch(argv: list[str], log_path: str) -> str:
     return text
 
 
-def test_judge_down_for_a_whole_step_is_masked_counted_warned_and_the_run_goes_on(tmp_path):
-    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
-    with serve_in_thread(down_keys=4) as server:  # 503 for every request about the first 4 prompts = step 1
-        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server))
-        log = _launch(argv, str(tmp_path / "run.log"))
-        statuses = list(server.statuses)
-        keys = list(server.keys)
-
-    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
+def _judge_down_for_step_1_was_masked_counted_and_warned(tb: dict, statuses: list[int], keys: list[str], log: str):
+    """The run's judge answered 503 to every request about the first 4 prompts (step 1), then came back (step 2)."""
     requests, failures, retries = (tb[f"train/judge/{k}"] for k in ("requests", "failures", "retries"))
     # step 1: every main answer (16) was judged, failed, and was retried once
     assert requests[1] == 16 and failures[1] == 16 and retries[1] == 16
@@ -181,28 +174,32 @@ def test_kill_9_during_a_step_then_resume_continues_at_the_same_step_and_data_po
     assert "Traceback" not in log
 
 
-def test_resume_over_a_torn_checkpoint_falls_back_to_the_previous_complete_tag(tmp_path):
+def test_judge_down_for_a_step_then_resume_over_a_torn_checkpoint(tmp_path):
+    """Two faults, one run and its resume (each launch costs ~40 s of start-up for ~1 s per step): the judge is down
+    for step 1 (its scores masked, counted, warned about; the run goes on and exits 0), then the newest checkpoint is
+    torn and the resume falls back to the previous complete tag."""
     world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
     root = world["root"]
     actor = os.path.join(root, "ckpt", "_actor")
-    with serve_in_thread() as server:
+    with serve_in_thread(down_keys=4) as server:  # 503 for every request about the first 4 prompts = step 1
         argv = launcher_argv(world, classmate=False, extra=_judge_flags(server) + ["--ckpt.max_num", "2"])
-        _launch(argv, str(tmp_path / "run1.log"))
-        first = _keys(list(server.requests))
-        done = len(server.requests)
-        assert sorted(os.listdir(os.path.join(root, "ckpt"))) == [
-            "_actor", "engine_weight_updates.json", "global_step1_hf", "global_step2_hf"]
+        run1 = _launch(argv, str(tmp_path / "run1.log"))
+        first, statuses, keys = _keys(list(server.requests)), list(server.statuses), list(server.keys)
+    _judge_down_for_step_1_was_masked_counted_and_warned(tensorboard_scalars(os.path.join(root, "tb")), statuses,
+                                                         keys, run1)
+    assert sorted(os.listdir(os.path.join(root, "ckpt"))) == [
+        "_actor", "engine_weight_updates.json", "global_step1_hf", "global_step2_hf"]  # a skipped step saves too
 
-        torn = os.path.join(actor, "global_step2", "mp_rank_00_model_states.pt")
-        with open(torn, "r+b") as f:
-            f.truncate(os.path.getsize(torn) // 2)  # a save cut short (disk full, killed mid-write, partial copy)
-
+    torn = os.path.join(actor, "global_step2", "mp_rank_00_model_states.pt")
+    with open(torn, "r+b") as f:
+        f.truncate(os.path.getsize(torn) // 2)  # a save cut short (disk full, killed mid-write, partial copy)
+    with serve_in_thread() as server:  # the judge is up
         resumed = launcher_argv(world, classmate=False, num_episodes=2,
                                 extra=_judge_flags(server) + ["--ckpt.max_num", "2", "--ckpt.load_enable",
                                                               "--logger.tensorboard_dir",
                                                               os.path.join(root, "tb_resumed")])
         log = _launch(resumed, str(tmp_path / "run2.log"))
-        again = _keys(list(server.requests)[done:])
+        again = _keys(list(server.requests))
 
     notes = [line for line in log.splitlines() if "is incomplete" in line]
     assert notes and all(f"{torn} is cut short or corrupt" in line and "resuming from global_step1" in line
