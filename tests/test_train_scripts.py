@@ -334,8 +334,10 @@ def test_dry_run_runs_the_real_preflight_and_stops_on_bad_data(tmp_path, tiny):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"prompt": "1 + 1 = ?", "label": "{\\"data_source\\": \\"gsm8kk\\"}"}\n')
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
-    env.update(DRY_RUN="1", PYTHON=sys.executable, MODEL=tiny["policy"], DATA=str(bad), EVAL_DATA="",
-               GPUS_PER_NODE="1", OUTPUT_DIR=str(tmp_path / "out"))
+    # both models local: the script's default classmate is a hub id, which the preflight would look up on the hub
+    # (no network here: ~47 s of retries before the data check)
+    env.update(DRY_RUN="1", PYTHON=sys.executable, MODEL=tiny["policy"], CLASSMATE_MODEL=tiny["classmate"],
+               DATA=str(bad), EVAL_DATA="", GPUS_PER_NODE="1", OUTPUT_DIR=str(tmp_path / "out"))
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gsm8k.sh")], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 1
