@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
+# no test reaches the Hugging Face hub (tiny models are built on the fly): a hub id that slips into a test fails at
+# once instead of after ~47 s of retries against an unreachable host
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
