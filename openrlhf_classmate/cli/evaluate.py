@@ -13,12 +13,17 @@
    registry (the label's data source, or ``--scorer``). A response without a ``</think>`` id has no final answer and
    scores 0.
 3. ``--classmate MODEL``: give the classmate the prompt plus the policy's CoT (as in training) and score its answer
-   with the same scorer: classmate score and agreement with the main score.
+   with the same scorer: classmate score and agreement with the main score. ``--reader MODEL`` (repeatable): the same
+   protocol with a model that was never in the loop; ``--truncate-cot 0,0.25,...``: every reader also answers after
+   only the first fraction of the CoT (truncated-CoT transfer; ``eval/readers.py``).
 4. ``--monitor``: the CoT monitor (an LLM judge reading only the CoT) predicts the main score; MSE (1-10 ratings) or
    precision / recall / F1 (MMLU hint following).
 5. Write ``samples.jsonl`` (one line per response), ``summary.json`` (per scorer and overall: accuracy or mean
    rating, valid / answered / truncated fractions, CoT length, pass@k, classmate and monitor metrics) and PNG plots
    (CoT length by correctness, rating distributions, monitor vs main score), and print a table.
+
+``--run-dir RUN`` / ``--checkpoints DIR...`` instead of ``--model``: all of the above for every checkpoint of a run,
+in step order and resumable, plus ``sweep.json`` / ``sweep.csv`` and plots over the steps (``eval/sweep.py``).
 
 Judge-scored data (the sycophancy datasets) and ``--monitor`` need an OpenAI-compatible judge (``--judge-base-url``;
 ``--judge-model`` defaults to the first model the server lists).

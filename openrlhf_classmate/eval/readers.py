@@ -95,11 +95,10 @@ def check_reader_tokenizers(args) -> None:
     for reader in readers_of(args):
         if reader.flag != "--reader":
             continue
+        tokenizer = load_tokenizer(reader.flag, reader.model)
         try:
-            think_token_ids(load_tokenizer(reader.flag, reader.model), args.think_open, args.think_close)
+            think_token_ids(tokenizer, args.think_open, args.think_close)
         except ValueError as e:
-            if isinstance(e, EvaluationError):
-                raise
             raise EvaluationError(f"--reader {reader.model}: its tokenizer lacks the think tags ({e}); choose a "
                                   "reader with <think> tokens, or set --think-open/--think-close") from None
 

@@ -141,8 +141,8 @@ def format_table(groups: dict[str, Any]) -> str:
                      fmt(g.get("classmate_agreement")), monitor])
     text = format_columns(rows)
     transfer = [(name, g["transfer"]) for name, g in groups.items() if g.get("transfer")]
-    if transfer:
-        fractions = list(next(iter(transfer[0][1].values())))
+    fractions = list(next(iter(transfer[0][1].values()))) if transfer else []
+    if len(fractions) > 1 or any(set(by_reader) != {"classmate"} for _, by_reader in transfer):
         rows = [["scorer", "reader", *(f"CoT {float(f):.0%}" for f in fractions)]]
         for name, by_reader in transfer:
             for reader, by_fraction in by_reader.items():
