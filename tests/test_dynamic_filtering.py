@@ -13,6 +13,7 @@ import pytest
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
+from openrlhf_classmate.errors import TrainingStopped
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.samples_generator import (
     KEEP,
@@ -21,7 +22,6 @@ from openrlhf_classmate.integration.samples_generator import (
     ClassmateSamplesGenerator,
     filter_decision,
 )
-from openrlhf_classmate.integration.trainer import TrainingStopped
 from openrlhf_classmate.scoring import JudgeConfig
 from openrlhf_classmate.scoring.testing_server import serve_in_thread
 

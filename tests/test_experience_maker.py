@@ -51,10 +51,15 @@ def _args(world, *extra, classmate=True, policy=None):
     return parse_args(argv + list(extra))
 
 
-def _sample(tok, prompt: str, response: str, reward: float, valid: bool = True, truncated: bool = False):
+def _sample(tok, prompt: str, response: str, reward: float, valid: bool = True, truncated: bool = False,
+            cut_to: int | None = None):
+    """A rollout sample; ``cut_to``: its prompt ids cut from the front to that many, as upstream's executor does to a
+    prompt longer than its room (the sample keeps the full prompt text)."""
     messages = [{"role": "user", "content": prompt}]
     prompt_text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
+    if cut_to is not None:
+        prompt_ids = prompt_ids[-cut_to:]
     response_ids = tok(response, add_special_tokens=False)["input_ids"] + ([] if truncated else [tok.eos_token_id])
     seq = torch.tensor(prompt_ids + response_ids)
     action_mask = torch.zeros(len(seq) - 1, dtype=torch.bool)
@@ -485,7 +490,7 @@ def test_plain_runs_leave_invalid_scores_out_of_upstreams_batch_statistics(world
 
 def test_gae_stops_at_an_invalid_main_score_its_critic_would_learn(world, fake_ray):
     # the preflight refuses gae with the scorer-registry reward; a user's reward function can still mark scores
-    from openrlhf_classmate.integration.trainer import TrainingStopped
+    from openrlhf_classmate.errors import TrainingStopped
 
     args = _args(world, "--algo.advantage.estimator", "gae", "--reward.remote_url", "http://127.0.0.1:9/score",
                  classmate=False)
@@ -674,3 +679,76 @@ def test_reward_hooks_see_the_whole_batch_before_every_estimator(world, fake_ray
     assert scalars[:4].tolist() == pytest.approx([-1.0, 0.0, 1.0, 0.0])  # row 3 invalid: mean of 0, 1, 2
     assert scalars[4:8].tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
     assert all(torch.all(e.info["hook/score_mean"] == 1.5) for e in out)
+
+
+def test_prompts_cut_by_upstream_and_classmate_calls_over_the_context_are_said_once_with_counts(world, fake_ray,
+                                                                                                  capfd):
+    # room for a prompt: --data.max_len 40 - --rollout.max_new_tokens 12 = 28 tokens; the first group's prompt is
+    # longer and arrives cut to 28 (as upstream's executor leaves it); a 24-token classmate context skips row 5
+    args = _args(world, "--classmate.estimator", "separated", "--classmate.max_context", "24")
+    maker, _ = _maker(args, world.tok, fake_ray)
+    long_prompt = " ".join(["1 +"] * 15) + " 2 = ?"
+
+    def rollout():
+        return [_sample(world.tok, long_prompt if i < 4 else "1 + 2 = ?", r, m, cut_to=28 if i < 4 else None)
+                for i, (r, m) in enumerate(RESPONSES)]
+
+    first = maker.make_experience_batch(rollout())
+    second = maker.make_experience_batch(rollout())
+    for out in (first, second):
+        assert out[0].info["prompt_truncated"][0].item() == pytest.approx(4 / 12)
+    said = capfd.readouterr()
+    text = said.out + said.err
+    assert text.count("4 of 12 rollout samples of this step had their prompt cut from the front to 28 tokens") == 1
+    assert text.count("classmate: 5 of 12 requests of this step were skipped") == 1  # the long prompts + row 5
+    assert "--classmate.max_context 24" in text
+    # a prompt that fits exactly is not counted
+    maker, _ = _maker(args, world.tok, fake_ray)
+    exact = maker.truncated_prompts([_sample(world.tok, "1 + 2 = ?", "<think> 3 </think> 3", 1.0, cut_to=28)])
+    assert exact == {"prompt_truncated": 0.0}
+
+
+def test_bench_alternation_runs_the_classmate_on_odd_batches_and_plain_grpo_on_even_ones(world, fake_ray, monkeypatch):
+    # bench/step_time.py --interleave: GDPO and GRPO steps timed in one process; an even batch must be exactly
+    # upstream's GRPO (no classmate call, upstream's advantages), an odd one the full classmate step
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    extra = ["--algo.advantage.estimator", "group_norm"]
+    maker, _ = _maker(_args(world, *extra), world.tok, fake_ray)
+    reference = _per_row(_upstream(_args(world, *extra, classmate=False), world.tok, _rollout(world.tok)),
+                         "advantages")
+    for batch in (1, 2, 3):
+        fake_ray.clear()
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        classmate_step = batch % 2 == 1
+        assert ("generate" in fake_ray) == classmate_step
+        assert all(float(e.info["bench/classmate_step"][0]) == float(classmate_step) for e in experiences)
+        assert all(("classmate/stage_time" in e.info) == classmate_step for e in experiences)
+        if not classmate_step:
+            ours = _per_row(experiences, "advantages")
+            for i in range(12):
+                torch.testing.assert_close(ours[i].double(), reference[i].double(), rtol=0, atol=2e-6)
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    with pytest.raises(ValueError, match="single-advantage estimator"):
+        _maker(_args(world, "--classmate.estimator", "separated"), world.tok, fake_ray)
+
+
+@pytest.mark.parametrize("classmate", [False, True])
+def test_each_rollout_batch_measures_the_engines_log_probs_against_the_actors(world, fake_ray, classmate):
+    """The mismatch statistics (issue 25) of a rollout batch that upstream splits into micro-batches of 5, 5 and 2
+    samples of different widths, against the same numbers worked out sample by sample."""
+    samples = _rollout(world.tok)
+    d = torch.cat([(actor_log_probs(s.sequences) - s.rollout_log_probs)[s.action_mask.bool()].double()
+                   for s in samples])
+    grpo = ["--algo.advantage.estimator", "group_norm"]
+    maker, _ = _maker(_args(world, *grpo, classmate=classmate), world.tok, [], classmate=classmate)
+    maker.make_experience_batch(samples)
+    m = maker.last_mismatch
+    assert m.tokens == d.numel() == sum(int(s.action_mask.sum()) for s in samples)
+    assert m.abs_diff_mean == pytest.approx(float(d.abs().mean()), abs=1e-7)
+    assert m.abs_diff_max == pytest.approx(float(d.abs().max()), abs=1e-7)
+    assert m.kl_k3 == pytest.approx(float((d.exp() - 1 - d).mean()), abs=1e-7)
+    assert 0.01 < m.abs_diff_mean < 0.03  # the cosine term of the fixture's rollout log-probs
+    off, _ = _maker(_args(world, *grpo, "--engine.no_mismatch_metrics", classmate=classmate), world.tok, [],
+                    classmate=classmate)
+    off.make_experience_batch(_rollout(world.tok))
+    assert off.last_mismatch is None

@@ -161,3 +161,37 @@ def test_a_launch_with_load_enable_says_on_stderr_when_it_starts_fresh_and_refus
                                          "checkpoint to resume from: remove that folder to start fresh there"):
         train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])
     assert len(launched) == 1  # refused before Ray
+
+
+PARTS_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{{ p['text'] }}{% endfor %}{% endif %}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def test_content_parts_pass_where_the_chat_template_renders_them(tmp_path, capsys):
+    """OpenAI-style content parts (``[{"type": "text", "text": ...}]``) are accepted for the prompt and the
+    classmate's label messages when the models' template renders the parts; the default template of the test
+    models prints the list and is refused (tests/test_bad_inputs.py)."""
+    from transformers import AutoTokenizer
+
+    from openrlhf_classmate.data.messages import renders_parts
+
+    words = ["1", "2", "+", "=", "?"]
+    policy = save_tiny_model(str(tmp_path / "policy"), words, hidden_size=8, num_layers=1, num_heads=2,
+                             chat_template=PARTS_TEMPLATE)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    assert renders_parts(tokenizer)
+    parts = [{"role": "system", "content": "x"}, {"role": "user", "content": [{"type": "text", "text": "1 + 1 = ?"}]}]
+    assert "1 + 1 = ?<eos>" in tokenizer.apply_chat_template(parts, tokenize=False)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": parts, "label": json.dumps(
+        {"data_source": "gsm8k", "ground_truth": "2", "messages": parts})}) + "\n")
+    train_ppo_ray.main(["--check", "--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1",
+                        "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--data.prompt_dataset", str(data),
+                        "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
+                        "--rollout.n_samples_per_prompt", "2", "--rollout.batch_size", "2",
+                        "--rollout.micro_batch_size", "1", "--classmate.model_name_or_path", policy])
+    out, err = capsys.readouterr()
+    assert out.strip().endswith("check passed: the run would start"), err

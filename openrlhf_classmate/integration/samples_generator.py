@@ -86,7 +86,7 @@ class ClassmateSamplesGenerator(SamplesGenerator):
         self.invalid_groups += 1
         limit, per_step = self.args.classmate.stop_after_invalid_steps, self.args.rollout.batch_size
         if limit and not self.seen_valid_score and self.invalid_groups >= limit * per_step:
-            from openrlhf_classmate.integration.trainer import TrainingStopped
+            from openrlhf_classmate.errors import TrainingStopped
 
             raise TrainingStopped(no_valid_score_yet(
                 f"dynamic filtering dropped {self.invalid_groups} prompt groups whose main scores were all invalid "
