@@ -18,8 +18,8 @@ import torch
 
 from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_classmate_inputs
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
-from openrlhf_classmate.algo.response_split import char_boundary, load_stop_token_ids
-from openrlhf_classmate.algo.spans import CotSpans, cot_mask, prompt_opens_think, think_token_ids, truncate_cot
+from openrlhf_classmate.algo.response_split import at_char_boundaries, load_stop_token_ids
+from openrlhf_classmate.algo.spans import cot_mask, prompt_opens_think, think_token_ids, truncate_cot
 from openrlhf_classmate.integration.classmate_config import warn
 from openrlhf_classmate.integration.classmate_scoring import ClassmateAnswer, Scorer, registry_scorer
 
@@ -150,22 +150,10 @@ class ClassmateStage:
         full = cot_mask(ids, mask, **tags, stop_ids=self.stop_ids, starts_in_think=opened)
         kept, skip = truncate_cot(full, mode=self.cfg.truncation, keep_min=self.cfg.keep_min,
                                   keep_max=self.cfg.keep_max, generator=self.generator)
-        kept = self._at_char_boundaries(responses, full, kept)
+        # a truncated CoT ends on a character boundary: never between the byte tokens of one character
+        kept = at_char_boundaries(self.main_tokenizer, responses, full, kept)
         cot = [kept.mask[i, : len(r)] for i, r in enumerate(responses)]
         return Spans(responses, cot, full.length, full.has_answer, skip, opened)
-
-    def _at_char_boundaries(self, responses, full: CotSpans, kept: CotSpans) -> CotSpans:
-        """A truncated CoT ends on a character boundary: never between the byte tokens of one character."""
-        end = kept.end.clone()
-        for i, r in enumerate(responses):
-            start, cut, whole = int(kept.start[i]), int(kept.end[i]), int(full.end[i])
-            if cut < whole:
-                end[i] = start + char_boundary(self.main_tokenizer, r[start:whole].tolist(), cut - start)
-        if torch.equal(end, kept.end):
-            return kept
-        positions = torch.arange(kept.mask.shape[1]).unsqueeze(0)
-        mask = (positions >= kept.start.unsqueeze(1)) & (positions < end.unsqueeze(1))
-        return CotSpans(mask=mask, start=kept.start, end=end, has_answer=kept.has_answer)
 
     # ── dispatch / gather ──
 
