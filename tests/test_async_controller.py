@@ -54,4 +54,5 @@ def test_training_actor_weight_sync_runs_under_upstreams_lock_in_a_ray_worker(ra
     from openrlhf.trainer.ppo_trainer_async import VLLMLock
 
     probe = ray.remote(classmate_probe.Probe).remote(VLLMLock.remote())
-    assert ray.get(probe.sync.remote(), timeout=120) == ["hf_engine_state_dict"]
+    # a hang guard far above the ~10 s the actor takes to start (a loaded machine slows it several times over)
+    assert ray.get(probe.sync.remote(), timeout=900) == ["hf_engine_state_dict"]
