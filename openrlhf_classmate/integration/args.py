@@ -20,6 +20,7 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
     build_parser()
       exec upstream's statements before parse_args()   -> upstream's parser, every upstream flag and default
       add --config, --check and our groups             -> --classmate.* --engine.* --tinyv.* --darling.* --vrcli.*
+                                                          --logprobs.*
     --config FILE.yaml -> argv tokens, placed before the command line (explicit flags win)
     parser.parse_args(argv)                            -> flat namespace, keys "actor.adam.lr", ...
     _resolve_upstream_defaults(flat, argv)             -> reward.remote_url := our reward function (no reward given),
@@ -31,6 +32,7 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
     resolve_classmate_args -> validate_classmate_args  -> our derived values (logged), then our checks
     validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
                                                           engine reward for a pending one, logged)
+    validate_logprobs_args                             -> --logprobs.* checks (the model's config: preflight)
     check_sampling_args                                -> every sampling setting through vLLM's SamplingParams
 
 The launcher (``cli/train_ppo_ray.py``) then runs the preflight and starts Ray.
@@ -49,6 +51,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
+from openrlhf_classmate.integration.chunked_actor import add_logprobs_arguments, validate_logprobs_args
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,
@@ -132,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_classmate_arguments(parser)
     add_reward_method_arguments(parser)
     add_vrcli_arguments(parser)
+    add_logprobs_arguments(parser)
     parser.error = _one_line_error  # type: ignore[method-assign]
     return parser
 
@@ -300,5 +304,6 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     validate_classmate_args(args)
     validate_reward_method_args(args)
     validate_vrcli_args(args)
+    validate_logprobs_args(args)
     check_sampling_args(args)
     return args
