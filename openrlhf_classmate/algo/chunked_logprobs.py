@@ -27,6 +27,8 @@ as ``torch.compile`` d kernels that read the model-dtype logits once, instead of
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 DEFAULT_CHUNK_SIZE = 2048
@@ -57,7 +59,9 @@ def _chunk_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, 
     if grad_entropy is not None:
         # z - lse + H = z - E_p[z]; E_p[z] was kept from the forward (lse - H would cancel digits)
         coef = coef + grad_entropy.unsqueeze(-1) * (z - mean_z.unsqueeze(-1))
-    grad = (-p * coef).scatter_add(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+    # + g_logp at the target: a comparison with the vocabulary index, so that the whole formula is one elementwise pass
+    vocab = torch.arange(z.shape[-1], device=z.device)
+    grad = torch.where(vocab == targets.unsqueeze(-1), grad_logp.unsqueeze(-1), 0.0) - p * coef
     if temperature != 1.0:
         grad = grad / temperature
     return grad.to(logits.dtype)
@@ -65,18 +69,26 @@ def _chunk_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, 
 
 class _CompiledOnCuda:
     """``fn`` eagerly on CPU; on CUDA compiled once (dynamic number of rows), so the chunk's elementwise work and
-    reductions fuse into kernels reading the model-dtype logits directly."""
+    reductions fuse into kernels reading the model-dtype logits directly. If compiling fails, ``fn`` runs eagerly
+    from then on (same values, more memory traffic) and ``error`` says why."""
 
     def __init__(self, fn):
         self.fn = fn
         self.compiled = None
+        self.error: str | None = None
 
     def __call__(self, logits: torch.Tensor, *args):
-        if not logits.is_cuda:
+        if not logits.is_cuda or self.error is not None:
             return self.fn(logits, *args)
         if self.compiled is None:
             self.compiled = torch.compile(self.fn, dynamic=True)
-        return self.compiled(logits, *args)
+        try:
+            return self.compiled(logits, *args)
+        except Exception as e:  # noqa: BLE001 - an inductor/triton failure must not stop training
+            self.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            warnings.warn(f"chunked log-probs: torch.compile of {self.fn.__name__} failed ({self.error}); running it "
+                          "eagerly", stacklevel=2)
+            return self.fn(logits, *args)
 
 
 chunk_stats = _CompiledOnCuda(_chunk_stats)
@@ -91,14 +103,18 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def _weight_grad(grad_logits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """grad_logits^T hidden ([V, H]) in fp32: the GEMM's own fp32 result where the device offers it (CUDA), else
     the model-dtype product upcast (CPU)."""
+    global _MM_OUT_DTYPE
     if grad_logits.dtype == torch.float32:
         return grad_logits.t() @ hidden
-    if grad_logits.is_cuda:
+    if grad_logits.is_cuda and _MM_OUT_DTYPE:
         try:
             return torch.mm(grad_logits.t(), hidden, out_dtype=torch.float32)
         except (TypeError, RuntimeError, NotImplementedError):
-            pass
+            _MM_OUT_DTYPE = False  # this torch has no fp32-output GEMM for these inputs
     return (grad_logits.t() @ hidden).float()
+
+
+_MM_OUT_DTYPE = True
 
 
 def _chunks(n: int, chunk_size: int):

@@ -232,7 +232,7 @@ class ChunkedLogprobActor(Actor):
 
         log_probs = _scatter(stats[:, 0], positions, batch, seqlen)[:, :-1]
         if return_entropy:
-            setattr(output, "entropy", _scatter(stats[:, 1], positions, batch, seqlen)[:, :-1])
+            output.entropy = _scatter(stats[:, 1], positions, batch, seqlen)[:, :-1]
         if action_mask is None:
             return (log_probs, output) if return_output else log_probs
         action_log_probs = log_probs[:, -action_mask.shape[1] :] * action_mask.float()
