@@ -217,3 +217,22 @@ def test_the_workers_build_the_chunked_actor_only_when_asked(monkeypatch):
     monkeypatch.delattr(launcher, "Actor")
     with pytest.raises(patches.UpstreamChangedError, match="launcher"):
         patches.install_actor_model(chunked_actor_class(8))
+
+
+def test_the_launcher_gives_upstream_our_reference_worker(monkeypatch):
+    import openrlhf.cli.train_ppo_ray as cli
+    import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ray.vllm_engine as vllm_engine
+
+    from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
+
+    for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "ReferenceModelActor"),
+                         (cli, "placement_group"), (cli, "get_strategy"), (ppo_trainer, "PPOTrainer"),
+                         (vllm_engine, "RolloutRayActor")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    reference = object()
+    patches.install_launcher(object(), object(), object(), reference)
+    assert cli.ReferenceModelActor is reference
+    from openrlhf.trainer.ray.launcher import ReferenceModelActor
+
+    assert issubclass(ClassmateReferenceModelActor, ReferenceModelActor.__ray_actor_class__)
