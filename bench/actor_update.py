@@ -453,7 +453,12 @@ def run(a) -> None:
     report.update(flops_per_fit=flops, tokens_per_fit=tokens, results=results)
     print_fits(a, n_params, results, times, label, variants)
     if a.chunked_logprobs:
+        from openrlhf_classmate.algo import chunked_logprobs
+
         report["chunked_vs_stock"] = ratios(results, times, a.losses)
+        # None: the per-chunk kernels ran compiled (CUDA) or eagerly by design (CPU); else why compiling failed
+        report["compile_errors"] = {"chunk_stats": chunked_logprobs.chunk_stats.error,
+                                    "chunk_grad": chunked_logprobs.chunk_grad.error}
         print_chunked(report)
     report["seconds"] = time.perf_counter() - t_start
     if a.out:
@@ -522,6 +527,8 @@ def print_chunked(report: dict) -> None:
             f"{path} " + (m["error"] if "error" in m else f"{m['tokens_per_s']:,.0f} tokens/s")
             + (f" peak {m['peak_memory_gib']:.1f} GiB" if m["peak_memory_gib"] is not None else "")
             for path, m in row.items()))
+    errors = {k: v for k, v in report["compile_errors"].items() if v}
+    print(f"torch.compile of the chunk kernels: {errors or 'ok (or CPU: eager by design)'}")
     print("equality (stock vs chunked, no-grad forward of the batch): "
           + (", ".join(f"{k} {v:.3g}" for k, v in report["equality"].items()) or "-"))
     lm = report["lm_head"]

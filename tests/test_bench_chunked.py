@@ -37,6 +37,7 @@ def test_chunked_bench_runs_tiny_on_cpu(tmp_path):
     assert eq["mean_logprob"] < -3  # a random 512-token model: about -ln(512) = -6.2, so a real comparison
     assert {"stock", "chunk_8", "chunk_16"} <= set(report["lm_head"]) and report["lm_head"]["chunk_8"]["ms"] > 0
     assert report["config"]["chunk_size"] == 8 and report["device"] == "cpu"
+    assert report["compile_errors"] == {"chunk_stats": None, "chunk_grad": None}
     assert "chunked / stock per loss" in stdout
 
 

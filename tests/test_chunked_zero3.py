@@ -3,7 +3,8 @@ upstream's ``PolicyModelActor`` state (``strategy.prepare``: the engine partitio
 included), then the same micro-batch runs through upstream's forward and the chunked one. The chunked head gathers
 the partitioned weight through DeepSpeed's module hooks for the forward and again for the backward; log-probs and
 the full gradients (``safe_get_full_grad``) must agree with upstream's within bf16 tolerance (the engine runs in
-bf16: see ``test_chunked_logprobs.py`` for the bound)."""
+bf16: see ``test_chunked_logprobs.py`` for the bound). Our reference worker, a ZeRO-3 eval engine, builds the
+chunked actor as well and gives the same log-probs."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_zero3_chunked_log_probs_and_gradients_equal_upstream(tmp_path, cpu_work
     from deepspeed.utils import safe_get_full_grad
     from openrlhf.utils import get_strategy
 
-    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor
+    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
     from openrlhf_classmate.integration.args import parse_args
     from openrlhf_classmate.integration.chunked_actor import ChunkedLogprobActor
     from openrlhf_classmate.testing.tiny_models import ragged_batch, save_random_lm
@@ -105,3 +106,10 @@ def test_zero3_chunked_log_probs_and_gradients_equal_upstream(tmp_path, cpu_work
     for name, ref in grads_s.items():
         assert ref.abs().max() > 0, name
         torch.testing.assert_close(grads_c[name], ref, rtol=0, atol=2**-6 * float(ref.abs().max()), msg=name)
+
+    # the reference worker (a ZeRO-3 eval engine of the same weights) builds the chunked Actor too
+    reference = ClassmateReferenceModelActor.__new__(ClassmateReferenceModelActor)
+    ClassmateReferenceModelActor.__init__(reference, 1, 0, "127.0.0.1", _free_port())
+    reference.init_model_from_pretrained(strategy, path)
+    assert isinstance(reference.model, ChunkedLogprobActor) and reference.model.chunk_size == 4
+    torch.testing.assert_close(reference.forward(sequences, action_mask, attention), old_c, rtol=0, atol=bound)

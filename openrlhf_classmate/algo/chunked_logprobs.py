@@ -68,8 +68,9 @@ def _chunk_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, 
 
 
 class _CompiledOnCuda:
-    """``fn`` eagerly on CPU; on CUDA compiled once (dynamic number of rows), so the chunk's elementwise work and
-    reductions fuse into kernels reading the model-dtype logits directly. If compiling fails, ``fn`` runs eagerly
+    """``fn`` eagerly on CPU; on CUDA compiled, so the chunk's elementwise work and reductions fuse into kernels
+    reading the model-dtype logits directly. Automatic dynamic shapes: the first compile is for a full chunk, a
+    different row count (the last chunk) recompiles once with a symbolic row count; the vocabulary stays static. If compiling fails, ``fn`` runs eagerly
     from then on (same values, more memory traffic) and ``error`` says why."""
 
     def __init__(self, fn):
@@ -81,7 +82,7 @@ class _CompiledOnCuda:
         if not logits.is_cuda or self.error is not None:
             return self.fn(logits, *args)
         if self.compiled is None:
-            self.compiled = torch.compile(self.fn, dynamic=True)
+            self.compiled = torch.compile(self.fn)
         try:
             return self.compiled(logits, *args)
         except Exception as e:  # noqa: BLE001 - an inductor/triton failure must not stop training
