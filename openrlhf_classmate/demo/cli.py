@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from openrlhf_classmate.demo import launch as L
     from openrlhf_classmate.demo import models as M
     from openrlhf_classmate.demo import report as R
+    from openrlhf_classmate.demo import transfer as T
     from openrlhf_classmate.demo import warmstart as S
     from openrlhf_classmate.demo import world as W
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     world_dir = os.path.join(out, "world")
     train, held_out = W.make_splits(args.seed, settings.num_train, settings.num_eval)
     prompts_path = W.write_prompts(os.path.join(world_dir, "train.jsonl"), train)
-    W.write_prompts(os.path.join(world_dir, "heldout.jsonl"), held_out)
+    heldout_path = W.write_prompts(os.path.join(world_dir, "heldout.jsonl"), held_out)
     main_model, main_tok = M.new_model(W.WORDS, M.ModelSize(*MAIN_SIZE), seed=args.seed)
     cm_model, cm_tok = M.new_model(W.WORDS, M.ModelSize(*CLASSMATE_SIZE), seed=args.seed + 1)
     rng = random.Random(args.seed)
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     # ── 4. RL runs ──
     results: dict[str, dict] = {}
     curves: dict[str, dict[int, dict]] = {}
+    transfer: dict[str, dict] = {}
     metric_rows: list[dict] = []
     for run in runs:
         label = R.RUN_LABELS[run]
@@ -222,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
             if step == rl.steps:
                 results[run] = result
                 E.write_rows(os.path.join(out, f"eval_after_{run}.jsonl"), result)
+        # truncated-CoT transfer of the same checkpoints and the warm start: evaluate's checkpoint sweep
+        transfer[run] = T.run_sweep(T.sweep_argv(
+            os.path.join(run_dir, "transfer"), heldout_path, policy_path, classmate_path, points,
+            samples=settings.eval_samples, max_new_tokens=E.MAX_NEW_TOKENS,
+            classmate_max_new_tokens=E.CLASSMATE_MAX_NEW_TOKENS, seed=args.seed + 2))
+        transfer[run]["plot"] = os.path.relpath(transfer[run]["plot"], out)
+        for step, curve in transfer[run]["curves"].items():
+            progress.line(T.line(step, curve))
         progress.done(f"eval {label}", t)
 
     # ── 5. report ──
@@ -236,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": models_info,
         "eval": {"before": _strip_rows(before), **{run: _strip_rows(r) for run, r in results.items()}},
         "curves": curves,
+        "transfer": transfer,
         "timings": progress.timings,
     }
     title = (f"Classmate CoT demo (seed {args.seed}): held-out accuracy before -> after, classmate GDPO: main "

@@ -6,6 +6,8 @@ import glob
 import json
 import os
 
+from openrlhf_classmate.demo.transfer import markdown as transfer_markdown
+
 # metrics.jsonl field <- tensorboard tag (the launcher logs every step under train/)
 TAGS = {
     "main_reward": "train/reward",
@@ -141,7 +143,8 @@ def summary_markdown(summary: dict) -> str:
     lines.append("| CoT styles full / skip-last / none / other | " + " | ".join(
         " / ".join(f"{100 * r['styles'][k]:.0f}" for k in ("full", "skip", "none", "other")) + " %"
         for r in [before, *after.values()]) + " |")
-    lines += ["", "| stage | wall time |", "|---|---|"]
+    lines += [""] + transfer_markdown(summary.get("transfer", {}), RUN_LABELS)
+    lines += ["| stage | wall time |", "|---|---|"]
     for stage, seconds in summary["timings"].items():
         lines.append(f"| {stage} | {seconds:.0f} s |")
     lines += ["", f"Models: main {summary['models']['main_params']:,} parameters, classmate "

@@ -123,7 +123,8 @@ class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
             raise RuntimeError("upstream no longer builds the policy's Actor through the module global we rebind")
 
     def hf_engine_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere."""
+        """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere; with
+        ``--ds.lora.rank`` the merged weights (:func:`engine_state_dict`)."""
         import deepspeed
 
         model = self.actor.model.module
@@ -131,7 +132,42 @@ class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
         with deepspeed.zero.GatheredParameters(params, enabled=self.strategy.args.ds.zero_stage == 3):
             if torch.distributed.get_rank() != 0:
                 return None
-            return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+            return engine_state_dict(model)
+
+
+def engine_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights an engine loads, on the CPU: the model's state dict, or for a peft LoRA model (upstream's
+    ``--ds.lora.rank``) each adapted weight merged, ``W + B A · scaling`` in W's dtype as peft's own merge computes
+    it, under the base model's parameter names. Computed aside: the training weights stay base + adapter."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+    base = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for adapter in module.active_adapters:
+            if adapter not in module.lora_A or adapter in module.merged_adapters:
+                continue  # not a linear adapter of this layer, or already inside the base weight
+            if module.lora_variant.get(adapter) is not None or module.lora_bias.get(adapter):
+                raise NotImplementedError(f"{name}: only plain LoRA adapters (no DoRA, no LoRA bias) are merged")
+            key = f"{name}.base_layer.weight"
+            delta = module.get_delta_weight(adapter)
+            deltas[key] = delta if key not in deltas else deltas[key] + delta
+    merged = {}
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        if "modules_to_save" in key or "original_module" in key:
+            raise NotImplementedError(f"{key}: peft modules_to_save are not merged for the engines")
+        value = tensor.detach()
+        if key in deltas:
+            value = value + deltas[key].to(value.dtype)
+        merged[key.replace(".base_layer.", ".")] = value.to("cpu", copy=True)
+    return merged
 
 
 class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):

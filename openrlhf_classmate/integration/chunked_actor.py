@@ -71,9 +71,7 @@ def chunk_size_from_args(args: SimpleNamespace) -> int | None:
 
 def validate_logprobs_args(args: SimpleNamespace) -> None:
     """Launch checks of ``--logprobs.*`` that need only the flags (the model's config: :func:`check_model_config`)."""
-    cfg = args.logprobs
-    if cfg.chunk_size < 1:
-        _fail(f"--logprobs.chunk_size must be >= 1, got {cfg.chunk_size}")
+    cfg = args.logprobs  # its chunk_size range is checked with every group's numbers (args.check_flag_groups)
     if not cfg.chunked:
         if cfg.chunk_size != DEFAULT_CHUNK_SIZE:
             _fail("--logprobs.chunk_size sets the chunk of --logprobs.chunked: add --logprobs.chunked or drop it")

@@ -19,8 +19,12 @@ upstream name                                    rebound to / why
 ``ppo_trainer_async.PPOTrainerAsync``            the same factory (``--train.async_enable``): ``ClassmatePPOTrainerAsync``
 ``ppo_trainer_async.GenerateSamplesActor`` and   inside ``ClassmatePPOTrainerAsync``'s process only: our rollout actor
 ``ppo_trainer_async.TrainingActor``              (dispatches the classmate requests) and training actor (our maker)
+``SamplesGenerator`` in ``ppo_trainer`` and      ``ClassmateSamplesGenerator`` (dynamic filtering leaves invalid
+``ppo_trainer_async``                            scores out), in the controller / rollout actor's process
 ``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
                                                  ``*_hf`` folders rotate with ``--ckpt.max_num``)
+``samples_generator.SamplingParams`` (the        rollout requests with the sampled token's log-prob (the
+process that generates rollouts)                 ``mismatch/*`` metrics, ``integration/mismatch.py``)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
 ===============================================  ==========================================================
 
@@ -246,6 +250,30 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory, referenc
     cli.get_strategy = get_strategy
     ppo_trainer.PPOTrainer = trainer_factory
     ppo_trainer_async.PPOTrainerAsync = trainer_factory  # train() imports it at call time under async_enable
+
+
+def install_samples_generator() -> None:
+    """Make the controllers build :class:`~openrlhf_classmate.integration.samples_generator.ClassmateSamplesGenerator`
+    (call in the controller's or the async rollout actor's process, before upstream's ``__init__``)."""
+    import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+
+    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+
+    for module in (ppo_trainer, ppo_trainer_async):
+        if not hasattr(module, "SamplesGenerator"):
+            raise UpstreamChangedError(f"{module.__name__}.SamplesGenerator is gone")
+        module.SamplesGenerator = ClassmateSamplesGenerator
+
+
+def install_rollout_sampling_params(factory) -> None:
+    """Make upstream's ``SamplesGenerator._dispatch_prompts_to_vllm`` build its requests with ``factory`` (its
+    keyword arguments are ``vllm.SamplingParams``'s); call in the process that generates rollouts."""
+    import openrlhf.trainer.ppo_utils.samples_generator as samples_generator
+
+    if not hasattr(samples_generator, "SamplingParams"):
+        raise UpstreamChangedError("openrlhf.trainer.ppo_utils.samples_generator.SamplingParams is gone")
+    samples_generator.SamplingParams = factory
 
 
 def install_async_actors(generator, trainer) -> None:
