@@ -227,13 +227,14 @@ def test_the_workers_build_the_chunked_actor_only_when_asked(monkeypatch):
 def test_the_launcher_gives_upstream_our_reference_worker(monkeypatch):
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
     import openrlhf.trainer.ray.vllm_engine as vllm_engine
 
     from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
 
     for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "ReferenceModelActor"),
                          (cli, "placement_group"), (cli, "get_strategy"), (ppo_trainer, "PPOTrainer"),
-                         (vllm_engine, "RolloutRayActor")):
+                         (ppo_trainer_async, "PPOTrainerAsync"), (vllm_engine, "RolloutRayActor")):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     reference = object()
     patches.install_launcher(object(), object(), object(), reference)
