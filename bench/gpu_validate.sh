@@ -19,6 +19,9 @@
 #   lossbench       bench/loss_overhead.py (LOSS_ARGS): loss forward + backward per micro-batch vs the model's
 #   packbench       bench/actor_update.py --ragged, packing off and on (PACK_ARGS)
 #   vrclibench      bench/vrcli_reward.py (VRCLI_ARGS): VR-CLI reward forwards, batched vs per sample
+#   chunkbench      bench/actor_update.py --chunked-logprobs (CHUNK_ARGS): stock vs --logprobs.chunked actor update
+#                   (3 losses), reference forward, VR-CLI NLLs, LM head alone, at 0.5B 64 x (1k+1k); then
+#                   --long-context (LONG_ARGS): 1.5B, 2 x 16k tokens, micro-batch 1 (issue 27; trainer wheels only)
 # Legacy form: `bash bench/gpu_validate.sh validate|bench|all [WHEEL_DIR]` installs WHEEL_DIR first.
 #
 # BUDGET_S (default 570): seconds this call may take in all; the python steps skip runs that would not finish in
@@ -151,6 +154,17 @@ for step in "${steps[@]}"; do
       need_trainer
       # shellcheck disable=SC2086
       timeout "$(left)" python3 bench/vrcli_reward.py --out "$OUT" ${VRCLI_ARGS:-} || status=1 ;;
+    chunkbench)
+      need_trainer
+      # issue 27: the 0.5B comparison gets what is left minus ~150 s for the long-context run
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 bench/actor_update.py --chunked-logprobs --budget-s "$(( $(left) - 180 ))" \
+        --out "$OUT/chunked_actor_update.json" ${CHUNK_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 bench/actor_update.py --chunked-logprobs --long-context --budget-s "$(( $(left) - 20 ))" \
+        --out "$OUT/chunked_long_context.json" ${LONG_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       need_trainer
       # shellcheck disable=SC2086
