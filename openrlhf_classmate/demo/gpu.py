@@ -34,6 +34,7 @@ class GPUSettings:
     seed: int
     tiny: bool
     engine: str
+    eval_backend: str  # cli.evaluate's generation backend for the held-out evaluations
     compare_grpo: bool
     sizes: G.Sizes
     num_eval: int  # held-out problems
@@ -60,16 +61,17 @@ class GPUSettings:
 
 
 FULL = GPUSettings(
-    seed=0, tiny=False, engine="vllm", compare_grpo=False, sizes=G.FULL_SIZES, num_eval=400, eval_samples=8,
+    seed=0, tiny=False, engine="vllm", eval_backend="vllm", compare_grpo=False, sizes=G.FULL_SIZES, num_eval=400,
+    eval_samples=8,
     main_sft_steps=1500, classmate_sft_steps=400, sft_batch=256, sft_lr=1e-3, main_pool_problems=24_000,
     classmate_pool_problems=8_000,
     rl=RLConfig(steps=100, prompts_per_step=64, samples_per_prompt=8, lr=1e-4, save_every=10, max_new_tokens=128,
                 classmate_max_new_tokens=8),
 )
-TINY = dataclasses.replace(
-    FULL, tiny=True, engine="hf", sizes=G.TINY_SIZES, num_eval=8, eval_samples=2, main_sft_steps=30,
-    classmate_sft_steps=20, sft_batch=32, main_pool_problems=200, classmate_pool_problems=100,
-    rl=RLConfig(steps=4, prompts_per_step=4, samples_per_prompt=4, lr=1e-4, save_every=2, max_new_tokens=48,
+TINY = dataclasses.replace(  # a few seconds per stage on CPU: the mechanics, not the learning
+    FULL, tiny=True, engine="hf", eval_backend="hf", sizes=G.TINY_SIZES, num_eval=6, eval_samples=2,
+    main_sft_steps=10, classmate_sft_steps=6, sft_batch=16, main_pool_problems=40, classmate_pool_problems=20,
+    rl=RLConfig(steps=4, prompts_per_step=4, samples_per_prompt=4, lr=1e-4, save_every=2, max_new_tokens=32,
                 classmate_max_new_tokens=8),
 )
 
@@ -82,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--tiny", action="store_true", help="with --gpu: tiny models and a 4-step run (a quick check)")
     gpu.add_argument("--engine", choices=("vllm", "hf"), default=None,
                      help="with --gpu: vllm (default; needs a GPU and vLLM) or hf (with --tiny: HF engines on CPU)")
+    gpu.add_argument("--eval-backend", choices=("vllm", "hf"), default=None,
+                     help="with --gpu: generation backend of the held-out evaluations (default: the --engine's; hf "
+                          "on a GPU skips two vLLM engine starts per evaluation)")
     gpu.add_argument("--lr", type=float, default=None, help="with --gpu: the RL learning rate (default 1e-4)")
     gpu.add_argument("--budget-s", type=float, default=None,
                      help="with --gpu: seconds this call may take; a stage that would not fit is left to the next "
@@ -93,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--_stage", default=None, help=argparse.SUPPRESS)  # internal: one stage in a child process
 
 
-GPU_ONLY = ("tiny", "engine", "lr", "budget_s", "rl_steps_per_call", "fresh", "_stage")
+GPU_ONLY = ("tiny", "engine", "eval_backend", "lr", "budget_s", "rl_steps_per_call", "fresh", "_stage")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -110,6 +115,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                      "engines); drop it")
     if args.engine == "hf" and not args.tiny:
         parser.error("--engine hf runs the tiny CPU check only: add --tiny, or use --engine vllm on a GPU machine")
+    if args.eval_backend == "vllm" and args.engine == "hf":
+        parser.error("--eval-backend vllm with --engine hf: the CPU check has no vLLM; drop --eval-backend")
     for name in ("budget_s", "lr"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
@@ -120,8 +127,9 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def settings_from_args(args: argparse.Namespace) -> GPUSettings:
     base = TINY if args.tiny else FULL
     rl = dataclasses.replace(base.rl, steps=args.steps or base.rl.steps, lr=args.lr or base.rl.lr)
-    return dataclasses.replace(base, seed=args.seed, compare_grpo=args.compare_grpo, rl=rl,
-                               engine=args.engine or ("hf" if args.tiny else "vllm"))
+    engine = args.engine or ("hf" if args.tiny else "vllm")
+    return dataclasses.replace(base, seed=args.seed, compare_grpo=args.compare_grpo, rl=rl, engine=engine,
+                               eval_backend=args.eval_backend or engine)
 
 
 def _check_machine(settings: GPUSettings) -> None:
@@ -139,16 +147,20 @@ def _check_machine(settings: GPUSettings) -> None:
     settings.sizes.check_head_dims()
 
 
+PER_CALL = ("eval_backend",)  # may change between calls: each evaluation records the backend it ran on
+
+
 def _check_settings(out: str, settings: GPUSettings) -> None:
-    """Write ``settings.json`` on the first call; refuse a later call whose settings differ."""
+    """Write ``settings.json`` on the first call; refuse a later call whose settings differ (but for
+    :data:`PER_CALL`)."""
     path = os.path.join(out, "settings.json")
     saved = read_json(path, None)
     current = settings.as_dict()
     if saved is None:
         write_json(path, current)
         return
-    if saved != current:
-        changed = sorted(k for k in current if saved.get(k) != current.get(k))
+    changed = sorted(k for k in current if k not in PER_CALL and saved.get(k) != current.get(k))
+    if changed:
         raise SystemExit(f"error: {out} holds a GPU demo run with other settings ({', '.join(changed)} differ): use "
                          "the same flags to go on, another --output-dir, or --fresh to start over")
 

@@ -60,7 +60,9 @@ def _markdown_extra(summary: dict) -> str:
              f"Engine `{summary['engine']}` ({summary['models'].get('device', '?')}); world: "
              f"{G.SPEC.min_operands}-{G.SPEC.max_operands} operands in 1..{G.SPEC.max_operand}, running results in "
              f"0..{G.SPEC.max_result}; byte-level BPE tokenizer trained at run time ({summary['models']['vocab']} "
-             "tokens).", "", "| acceptance check (issue 25) | measured | |", "|---|---|---|"]
+             "tokens). Evaluation backends: "
+             + ", ".join(f"{name} {backend}" for name, backend in summary["eval_backends"].items()) + ".", "",
+             "| acceptance check (issue 25) | measured | |", "|---|---|---|"]
     for name, measured, passed in summary["checks"]:
         lines.append(f"| {name} | {measured} | {'-' if passed is None else ('pass' if passed else 'FAIL')} |")
     lines += ["", "| RL run | startup s (per call) | s per step (median, per call) |", "|---|---|---|"]
@@ -104,6 +106,8 @@ def write_report(demo) -> None:
                         for run in s.runs},
         "mismatch": mismatch_summary(rows),
         "checks": checks(before, after, total, s.engine),
+        "eval_backends": {name: read_marker(out, name).get("backend")
+                          for name in ["eval_before"] + [f"eval_{run}" for run in s.runs]},
     }
     gdpo = after["classmate"]
     title = (f"GPU classmate CoT demo (seed {s.seed}): held-out, classmate GDPO: main "

@@ -40,7 +40,9 @@ class GPUDemo:
         self.budget_s = float("inf") if budget_s is None else budget_s
         self.rl_steps_per_call = rl_steps_per_call
         self.timings = Timings(out)
-        self.est = H100 if settings.engine == "vllm" else CPU_TINY
+        self.est = dict(H100 if settings.engine == "vllm" else CPU_TINY)
+        if settings.engine == "vllm" and settings.eval_backend == "hf":
+            self.est["eval"] = 25
         self._splits = None
 
     # ── paths and shared data ──
@@ -96,6 +98,12 @@ class GPUDemo:
                             lambda _: self.report())]
 
     def run(self) -> int:
+        if self.s.engine == "hf" and not self.all_done():
+            import torch
+
+            # the CPU check's tiny models run in this process: one thread each op is several times faster than two
+            # threads spinning against each other on a small, busy machine
+            torch.set_num_threads(1)
         return run_stages(self.stages(), self.out, self.budget_s, self.timings)
 
     def run_stage(self, name: str) -> bool:
@@ -200,11 +208,11 @@ class GPUDemo:
         model = self.main_path if run == "before" else self.path("runs", run, "final")
         _, held = self.splits()
         result = E.evaluate_saved(model, self.classmate_path, held, self.s.eval_samples, self.s.seed + 2,
-                                  backend=self.s.engine, max_new_tokens=self.s.rl.max_new_tokens,
+                                  backend=self.s.eval_backend, max_new_tokens=self.s.rl.max_new_tokens,
                                   classmate_max_new_tokens=self.s.rl.classmate_max_new_tokens)
         E.write_rows(self.path("eval_before.jsonl" if run == "before" else f"eval_after_{run}.jsonl"), result)
         line(E.summary_line(result))
-        mark_done(self.out, name, {"model": model, "result": strip_rows(result)})
+        mark_done(self.out, name, {"model": model, "backend": self.s.eval_backend, "result": strip_rows(result)})
         return True
 
     def rl(self, run: str, deadline: float) -> bool:

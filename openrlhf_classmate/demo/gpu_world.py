@@ -50,7 +50,7 @@ class Sizes:
                                  f"dimension vLLM's kernels accept {HEAD_DIMS}")
 
 
-FULL_SIZES = Sizes(main=ModelSize(512, 8, 8, 1408), classmate=ModelSize(384, 4, 6, 1024))  # ~25.6M, ~7.2M
+FULL_SIZES = Sizes(main=ModelSize(512, 8, 8, 1408), classmate=ModelSize(384, 4, 6, 1024))  # 25.8M, 7.2M parameters
 TINY_SIZES = Sizes(main=ModelSize(128, 2, 2, 256), classmate=ModelSize(128, 1, 2, 256))
 
 

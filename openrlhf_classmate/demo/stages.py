@@ -4,8 +4,9 @@ not done, in order, each only when its estimated time fits in what is left of ``
 fit ends the call with the list of what is left (exit code :data:`EXIT_UNFINISHED`), and the same command run again
 goes on from there.
 
-A stage that can stop part-way and resume (the RL stages: DeepSpeed checkpoints) declares ``min_part_s``: when the
-whole of it could never fit in one call, it starts as soon as that much time is left and stops at a checkpoint.
+A stage that can stop part-way and resume (the RL stages: DeepSpeed checkpoints) declares ``min_part_s`` (its
+start-up and one checkpoint's worth of steps): when the whole of it could never fit in one call, it starts once the
+time left does at least half of what a fresh call would, and stops at a checkpoint.
 """
 
 from __future__ import annotations
@@ -67,11 +68,13 @@ class Stage:
 
 
 def decide(estimate_s: float, left_s: float, budget_s: float, min_part_s: float | None) -> str:
-    """``run`` (it fits in ``left_s``), ``part`` (it could never fit in a call of ``budget_s``, but a useful part
-    fits now) or ``wait`` (leave it to the next call, which starts with the whole budget)."""
+    """``run`` (it fits in ``left_s``), ``part`` (it could never fit in a call of ``budget_s``, and what is left now
+    does at least half the work past ``min_part_s`` that a fresh call would: each part pays the start-up again) or
+    ``wait`` (leave it to the next call, which starts with the whole budget)."""
     if estimate_s <= left_s:
         return "run"
-    if min_part_s is not None and estimate_s > budget_s and left_s >= min_part_s:
+    if (min_part_s is not None and estimate_s > budget_s and left_s >= min_part_s
+            and left_s - min_part_s >= 0.5 * (budget_s - min_part_s)):
         return "part"
     return "wait"
 

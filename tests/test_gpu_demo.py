@@ -1,0 +1,259 @@
+"""The GPU demo (``python -m openrlhf_classmate.demo --gpu``, issue 25): its world, tokenizer and model shapes, the
+launcher flags it sends (parsed by the launcher's own parser), the stage and budget machinery, the metrics it
+records (the train-inference mismatch included), and, once end to end on CPU (``--gpu --tiny``, HF engines), the
+stages, the RL stage stopped at a checkpoint and resumed by the next call, and a third call that redoes nothing.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from openrlhf_classmate.demo import gpu_world as G
+from openrlhf_classmate.demo import stages as ST
+from openrlhf_classmate.demo import world as W
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ── world, tokenizer, models ──
+
+def test_the_cpu_world_is_unchanged_for_a_seed():
+    # the Spec refactor must not move the embedded demo's problems or traces (its README numbers come from them)
+    train, held = W.make_splits(0, 2500, 200)
+    assert [p.text for p in held[:2]] == ["4 + 4 - 3 - 4 = ?", "4 + 3 + 5 + 3 = ?"]
+    assert train[-1].text == "4 + 4 - 2 + 5 = ?"
+    rng = random.Random(1)
+    assert [W.sample_trace(held[0], rng, W.WorldConfig()) for _ in range(3)] == [
+        ("4 + 4 = 8 - 3 = 5 - 4 = 1", "1"), ("4 + 4 = 8 - 3 = 5", "1"), ("4 + 4 = 10 - 3 = 7 - 4 = 3", "3")]
+
+
+def test_the_gpu_world_is_harder():
+    train, held = W.make_splits(0, 2000, 200, G.SPEC)
+    problems = train + held
+    lengths = {len(p.steps) + 1 for p in problems}
+    assert lengths == {6, 7, 8}
+    assert max(p.answer for p in problems) > 50 and all(0 <= p.answer <= G.SPEC.max_result for p in problems)
+    rng = random.Random(0)
+    styles = [W.sample_trace(p, rng, G.TRACES, style="full", spec=G.SPEC) for p in problems[:500]]
+    wrong = sum(cot.split()[4::4] != [str(v) for v in _running(p)] for p, (cot, _) in zip(problems, styles))
+    assert 0.3 < wrong / 500 < 0.7  # 12% per written step over 5-7 steps: about half the full chains hold a slip
+
+
+def _running(problem):
+    value, out = problem.first, []
+    for op, d in problem.steps:
+        value = W.apply(value, op, d)
+        out.append(str(value))
+    return out
+
+
+def test_bpe_tokenizer_numbers_are_several_tokens_and_the_think_tags_one_id_each():
+    tok = G.build_tokenizer(0)
+    ids = tok.encode("<think> 37 + 45 = 82 </think> 82", add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in ids]
+    assert pieces[:4] == ["<think>", " ", "3", "7"] and pieces.count("</think>") == 1
+    assert len(tok.encode("182", add_special_tokens=False)) == 3
+    assert tok.decode(ids) == "<think> 37 + 45 = 82 </think> 82"  # byte-level: exact round trip
+    text = tok.apply_chat_template([{"role": "user", "content": "1 + 2 = ?"}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert text == "<|im_start|>user\n1 + 2 = ?<|im_end|>\n<|im_start|>assistant\n"
+    assert G.stop_ids(tok) == [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+
+
+def test_model_sizes_and_head_dimensions():
+    import torch
+
+    G.FULL_SIZES.check_head_dims()
+    G.TINY_SIZES.check_head_dims()
+    with pytest.raises(ValueError, match="head dimension"):
+        G.Sizes(main=G.FULL_SIZES.main, classmate=G.ModelSize(96, 2, 3)).check_head_dims()  # 32
+    tok = G.build_tokenizer(0)
+    with torch.device("meta"):
+        main, classmate = G.new_models(tok, G.FULL_SIZES, seed=0)
+    main_params = sum(p.numel() for p in main.parameters())
+    classmate_params = sum(p.numel() for p in classmate.parameters())
+    assert 20e6 <= main_params <= 30e6 and 5e6 <= classmate_params <= 10e6, (main_params, classmate_params)
+    assert main.config.model_type == "llama" and main.config.eos_token_id == G.stop_ids(tok)
+
+
+# ── flags ──
+
+def _parse_demo(argv):
+    from openrlhf_classmate.demo.cli import parse_args
+
+    return parse_args(argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tiny"], "--tiny belongs to the GPU demo: add --gpu"),
+    (["--budget-s", "100"], "--budget-s belongs to the GPU demo"),
+    (["--gpu", "--quick"], "--quick is the CPU demo's short run"),
+    (["--gpu", "--eval-every", "5"], "--eval-every: the GPU demo evaluates before and after"),
+    (["--gpu", "--engine", "hf"], "--engine hf runs the tiny CPU check only"),
+    (["--gpu", "--tiny", "--engine", "hf", "--eval-backend", "vllm"], "the CPU check has no vLLM"),
+    (["--gpu", "--budget-s", "0"], "--budget-s must be > 0"),
+])
+def test_misused_flags_are_refused_with_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        _parse_demo(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_later_call_with_other_settings_is_refused(tmp_path):
+    from openrlhf_classmate.demo import gpu
+
+    first = gpu.settings_from_args(_parse_demo(["--gpu", "--tiny"]))
+    gpu._check_settings(str(tmp_path), first)
+    gpu._check_settings(str(tmp_path), first)  # the same settings go on
+    other = gpu.settings_from_args(_parse_demo(["--gpu", "--tiny", "--compare-grpo", "--lr", "3e-4"]))
+    with pytest.raises(SystemExit, match=r"other settings \(compare_grpo, rl differ\).*--fresh"):
+        gpu._check_settings(str(tmp_path), other)
+    # the evaluations' backend may change from one call to the next (each evaluation records its own)
+    full = gpu.settings_from_args(_parse_demo(["--gpu"]))
+    gpu._check_settings(str(tmp_path / "full"), full)
+    gpu._check_settings(str(tmp_path / "full"), gpu.settings_from_args(_parse_demo(["--gpu", "--eval-backend", "hf"])))
+
+
+@pytest.mark.parametrize("classmate", [True, False])
+def test_launcher_flags_are_the_production_layout(classmate):
+    from openrlhf_classmate.demo import gpu
+    from openrlhf_classmate.demo.launch import gpu_launcher_argv
+    from openrlhf_classmate.integration.args import parse_args
+
+    s = gpu.FULL
+    argv = gpu_launcher_argv("/tmp/run", "policy", "train.jsonl", s.rl, 0, "classmate" if classmate else None,
+                             engine="vllm", max_len=s.max_len)
+    args = parse_args(argv)
+    assert args.train.colocate_all and args.vllm.enable_sleep and not args.vllm.enforce_eager
+    assert args.vllm.sync_backend == "nccl" and args.engine.backend == "vllm"  # CUDA IPC under colocate_all
+    assert args.rollout.batch_size == 64 and args.rollout.n_samples_per_prompt == 8
+    assert args.train.batch_size == 512 and args.data.max_samples == 100 * 64  # 100 steps, one optimizer step each
+    assert args.ckpt.load_enable and args.ckpt.save_steps == 10 and not args.ckpt.disable_ds
+    assert args.data.max_len == s.max_len >= 41 + s.rl.max_new_tokens
+    if classmate:
+        assert args.classmate.estimator == "gdpo" and args.classmate.placement == "colocate"
+        assert args.vllm.gpu_memory_utilization + args.classmate.gpu_memory_utilization < 1
+    else:
+        assert args.algo.advantage.estimator == "group_norm" and not args.classmate.model_name_or_path
+
+
+# ── stages and budget ──
+
+def test_decide():
+    assert ST.decide(50, left_s=60, budget_s=500, min_part_s=None) == "run"
+    assert ST.decide(100, left_s=60, budget_s=500, min_part_s=30) == "wait"  # fits in a fresh call: wait for it
+    assert ST.decide(900, left_s=300, budget_s=500, min_part_s=30) == "part"  # never fits: start a part now ...
+    assert ST.decide(900, left_s=200, budget_s=500, min_part_s=30) == "wait"  # ... unless a fresh call does twice
+    assert ST.decide(900, left_s=20, budget_s=500, min_part_s=30) == "wait"
+
+
+def test_stages_run_in_order_within_the_budget_and_never_twice(tmp_path):
+    out, ran = str(tmp_path), []
+
+    def stage(name, estimate):
+        def run(deadline):
+            ran.append((name, deadline - time.time()))
+            ST.mark_done(out, name, {"ok": True})
+            return True
+        return ST.Stage(name, name, lambda: estimate, run)
+
+    stages = [stage("a", 5), stage("b", 5), stage("c", 50)]
+    lines = []
+    assert ST.run_stages(stages, out, 30, ST.Timings(out), margin_s=0, log=lines.append) == ST.EXIT_UNFINISHED
+    assert [n for n, _ in ran] == ["a", "b"] and 29 < ran[0][1] <= 30
+    assert any("stopping before 'c'" in line and "Left: c ~0:50" in line for line in lines)
+    assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == 0
+    assert [n for n, _ in ran] == ["a", "b", "c"]
+    assert ST.run_stages(stages, out, 1, ST.Timings(out), log=lines.append) == 0 and len(ran) == 3
+    assert lines[-1] == "every stage is done"
+    assert set(ST.Timings(out).data) == {"a", "b", "c"}
+
+
+def test_checkpoint_step_reads_only_complete_checkpoints(tmp_path):
+    import torch
+
+    from openrlhf_classmate.demo.rl_stage import checkpoint_step
+
+    actor = tmp_path / "ckpt" / "_actor"
+    assert checkpoint_step(str(tmp_path)) == 0
+    for step in (2, 4):
+        tag = actor / f"global_step{step}"
+        tag.mkdir(parents=True)
+        for kind in ("model", "optim"):
+            torch.save({"x": torch.zeros(2)}, tag / f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt")
+    (actor / "latest").write_text("global_step4")
+    assert checkpoint_step(str(tmp_path)) == 4
+    (actor / "global_step4" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"cut")  # a torn save
+    assert checkpoint_step(str(tmp_path)) == 2
+
+
+# ── metrics ──
+
+def test_metrics_rows_take_every_step_and_the_mismatch_metrics():
+    from openrlhf_classmate.demo.launch import parse_step_line
+    from openrlhf_classmate.demo.report import step_rows
+
+    step, status = parse_step_line("(PPOTrainer pid=7) ✨ Global step 3: {'reward': 0.5, 'classmate/reward': nan, "
+                                   "'mismatch/logprob_abs_diff_mean': 0.0021, 'mismatch/kl_k3': 1e-05}")
+    assert step == 3 and status["classmate/reward"] is None
+    scalars = {"train/reward": {1: 0.1, 2: 0.2, 3: 0.3}, "train/mismatch/logprob_abs_diff_max": {1: 0.5},
+               "train/other": {1: 1.0}}
+    parsed = {3: status, 4: {"reward": 0.4}}  # step 4: logged before the run was stopped, never flushed
+    rows = step_rows("classmate", scalars, parsed, prefer_fallback=True)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["mismatch/logprob_abs_diff_max"] == 0.5 and "other" not in rows[0]
+    assert rows[2]["main_reward"] == 0.5  # the parsed line (newest) wins over the event file
+    assert rows[2]["mismatch/logprob_abs_diff_mean"] == 0.0021 and rows[2]["mismatch/kl_k3"] == 1e-05
+    assert "classmate_reward" not in rows[2]  # a non-finite value is no number
+    assert step_rows("classmate", scalars, parsed)[2]["main_reward"] == 0.3
+
+
+# ── end to end on CPU ──
+
+def _demo(out: str, *extra: str) -> tuple[int, str, float]:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.demo", "--gpu", "--tiny", "--output-dir", out,
+                           *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    return proc.returncode, proc.stdout + proc.stderr, time.time() - t0
+
+
+@pytest.mark.slow
+def test_tiny_gpu_demo_on_cpu_stops_resumes_and_redoes_nothing(tmp_path):
+    out = str(tmp_path / "demo")
+    # call 1: warm start, evaluation, then RL stopped after the checkpoint of step 2 (of 4)
+    code, log, _ = _demo(out, "--rl-steps-per-call", "2")
+    assert code == ST.EXIT_UNFINISHED, log[-4000:]
+    assert "stopped after the checkpoint of step 2" in log and "Run the same command again" in log, log[-3000:]
+    assert ST.is_done(out, "warmstart") and ST.is_done(out, "eval_before") and not ST.is_done(out, "rl_classmate")
+    assert open(os.path.join(out, "runs/classmate/ckpt/_actor/latest")).read().strip() == "global_step2"
+
+    # call 2: resumes the RL stage from that checkpoint, then the evaluation and the report
+    code, log, _ = _demo(out, "--rl-steps-per-call", "2")
+    assert code == 0, log[-4000:]
+    assert "already done (not run again): warmstart, eval_before" in log
+    assert "resuming from the checkpoint of step 2" in log and "step   3/4" in log and "step   1/4" not in log
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and {r["run"] for r in rows} == {"classmate"}
+    assert all(isinstance(r["main_reward"], float) and isinstance(r["cot_tokens"], float) for r in rows)
+    assert open(os.path.join(out, "curves.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    summary_md = open(os.path.join(out, "summary.md")).read()
+    for text in ("| main accuracy |", "| classmate accuracy |", "| rl_classmate |", "acceptance check"):
+        assert text in summary_md
+    for name in ("eval_before.jsonl", "eval_after_classmate.jsonl"):
+        assert len(open(os.path.join(out, name)).readlines()) == 6 * 2
+    with open(os.path.join(out, "runs/classmate/launcher.log")) as f:
+        assert f.read().count("===== launcher started") == 2
+    markers = {n: os.path.getmtime(ST.marker_path(out, n)) for n in ("warmstart", "rl_classmate", "report")}
+
+    # call 3: everything is done; nothing runs (not even an import of torch)
+    code, log, seconds = _demo(out)
+    assert code == 0 and "every stage is done" in log and "[warmstart]" not in log, log
+    assert {n: os.path.getmtime(ST.marker_path(out, n)) for n in markers} == markers
+    assert seconds < 30
