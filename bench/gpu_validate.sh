@@ -20,7 +20,8 @@
 #   packbench       bench/actor_update.py --ragged, packing off and on (PACK_ARGS)
 #   vrclibench      bench/vrcli_reward.py (VRCLI_ARGS): VR-CLI reward forwards, batched vs per sample
 #   gpudemo         issue 25: python -m openrlhf_classmate.demo --gpu --compare-grpo (DEMO_ARGS), resumable in
-#                   $WORK/gpu_demo within what is left of BUDGET_S; send it again until it prints "gpudemo: done".
+#                   DEMO_OUT (default $WORK/gpu_demo) within what is left of BUDGET_S; send it again until it prints
+#                   "gpudemo: done".
 #                   Its artefacts come back in $OUT/gpu_demo/ (summary.md, summary.json, metrics.jsonl, curves.png,
 #                   state.tar.gz: settings, stage markers and timings, evaluation rows, launcher logs and commands)
 # Legacy form: `bash bench/gpu_validate.sh validate|bench|all [WHEEL_DIR]` installs WHEEL_DIR first.
@@ -162,7 +163,7 @@ for step in "${steps[@]}"; do
         || status=1 ;;
     gpudemo)
       need_vllm; need_trainer
-      demo="$WORK/gpu_demo"
+      demo="${DEMO_OUT:-$WORK/gpu_demo}"
       # shellcheck disable=SC2086
       python3 -m openrlhf_classmate.demo --gpu --compare-grpo --output-dir "$demo" --budget-s "$(( $(left) - 20 ))" \
         ${DEMO_ARGS:-}

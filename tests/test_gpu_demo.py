@@ -22,6 +22,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ── world, tokenizer, models ──
 
+@pytest.fixture(scope="module")
+def tok():
+    return G.build_tokenizer(0)
+
+
 def test_the_cpu_world_is_unchanged_for_a_seed():
     # the Spec refactor must not move the embedded demo's problems or traces (its README numbers come from them)
     train, held = W.make_splits(0, 2500, 200)
@@ -52,8 +57,7 @@ def _running(problem):
     return out
 
 
-def test_bpe_tokenizer_numbers_are_several_tokens_and_the_think_tags_one_id_each():
-    tok = G.build_tokenizer(0)
+def test_bpe_tokenizer_numbers_are_several_tokens_and_the_think_tags_one_id_each(tok):
     ids = tok.encode("<think> 37 + 45 = 82 </think> 82", add_special_tokens=False)
     pieces = [tok.decode([i]) for i in ids]
     assert pieces[:4] == ["<think>", " ", "3", "7"] and pieces.count("</think>") == 1
@@ -66,14 +70,13 @@ def test_bpe_tokenizer_numbers_are_several_tokens_and_the_think_tags_one_id_each
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
 
 
-def test_model_sizes_and_head_dimensions():
+def test_model_sizes_and_head_dimensions(tok):
     import torch
 
     G.FULL_SIZES.check_head_dims()
     G.TINY_SIZES.check_head_dims()
     with pytest.raises(ValueError, match="head dimension"):
         G.Sizes(main=G.FULL_SIZES.main, classmate=G.ModelSize(96, 2, 3)).check_head_dims()  # 32
-    tok = G.build_tokenizer(0)
     with torch.device("meta"):
         main, classmate = G.new_models(tok, G.FULL_SIZES, seed=0)
     main_params = sum(p.numel() for p in main.parameters())
@@ -193,15 +196,84 @@ def test_checkpoint_step_reads_only_complete_checkpoints(tmp_path):
     assert checkpoint_step(str(tmp_path)) == 2
 
 
+STAND_IN = r"""
+import json, os, sys, time, zipfile
+run_dir, steps, save_every, step_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+actor = os.path.join(run_dir, "ckpt", "_actor")
+latest = os.path.join(actor, "latest")
+start = int(open(latest).read().removeprefix("global_step")) if os.path.exists(latest) else 0
+print("starting, resuming from", start, flush=True)
+for step in range(start + 1, steps + 1):
+    time.sleep(step_s)
+    print(f"(PPOTrainer pid=1) Global step {step}: {{'reward': {step / 100}}}", flush=True)
+    if step % save_every == 0:
+        tag = os.path.join(actor, f"global_step{step}")
+        os.makedirs(tag)
+        for kind in ("model", "optim"):  # zip files with an entry, as torch.save writes them
+            with zipfile.ZipFile(os.path.join(tag, f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt"), "w") as z:
+                z.writestr("data.pkl", b"x")
+        with open(latest, "w") as f:
+            f.write(f"global_step{step}")
+os.makedirs(os.path.join(run_dir, "final"))
+open(os.path.join(run_dir, "final", "config.json"), "w").write("{}")
+open(os.path.join(run_dir, "final", "model.safetensors"), "w").write("")
+"""
+
+
+def test_stop_reason():
+    from openrlhf_classmate.demo.rl_stage import stop_reason
+
+    # 10 steps of 3 s to the next checkpoint
+    assert stop_reason(20, 0, 100, 10, 3.0, left_s=31, max_new_steps=None) == ""
+    assert "would not be written" in stop_reason(20, 0, 100, 10, 3.0, left_s=29, max_new_steps=None)
+    assert stop_reason(100, 0, 100, 10, 3.0, left_s=1, max_new_steps=None) == ""  # the final save follows
+    assert "2 new steps" in stop_reason(4, 2, 10, 2, 3.0, left_s=1e9, max_new_steps=2)
+    assert stop_reason(4, 2, 10, 2, 3.0, left_s=1e9, max_new_steps=3) == ""
+
+
+def test_an_rl_run_stops_after_the_last_checkpoint_that_fits_and_resumes_there(tmp_path):
+    # the monitor's logic (checkpoints, deadline, resume, parsed lines) with a stand-in for the launcher that writes
+    # a checkpoint every 4 steps of 0.3 s; the real launcher's stop and resume: the slow test below
+    from openrlhf_classmate.demo import rl_stage as RL
+    from openrlhf_classmate.testing import e2e  # noqa: F401  (run() imports it: not inside the timed part)
+
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    run_dir = str(tmp_path / "run")
+    argv = [run_dir, "20", "4", "0.3"]
+    seen = []
+    t0 = time.time()
+    first = RL.run(run_dir, argv, steps=20, save_every=4, deadline=t0 + 4.0, kill_grace_s=0.5,
+                   program=[sys.executable, str(script)], on_step=lambda step, status, _: seen.append(step))
+    assert not first.finished and first.step in (4, 8) and time.time() - t0 < 4.0, first
+    assert first.stopped and RL.checkpoint_step(run_dir) == first.step
+    assert first.step_s == pytest.approx(0.3, abs=0.25)
+    second = RL.run(run_dir, argv, steps=20, save_every=4, deadline=time.time() + 60, kill_grace_s=0.5,
+                    program=[sys.executable, str(script)], on_step=lambda step, status, _: seen.append(step))
+    assert second.finished and second.started_at == first.step and second.step == 20
+    assert seen[-(20 - first.step):] == list(range(first.step + 1, 21))  # resumed after the checkpoint
+    logged = RL.read_steps(run_dir)
+    assert sorted(logged) == list(range(1, 21)) and logged[20] == {"reward": 0.2}
+    with open(os.path.join(run_dir, "launcher.log")) as f:
+        log = f.read()
+    assert log.count("===== launcher started") == 2 and "[demo] launcher stopped:" in log
+    # past the deadline itself the run stops wherever it is (here before its first checkpoint)
+    third = RL.run(str(tmp_path / "late"), [str(tmp_path / "late"), "20", "4", "0.3"], steps=20, save_every=4,
+                   deadline=time.time() + 1.5, kill_grace_s=0.5, program=[sys.executable, str(script)])
+    assert not third.finished and third.step == 0 and "ran out" in third.stopped
+
+
 # ── metrics ──
 
 def test_metrics_rows_take_every_step_and_the_mismatch_metrics():
     from openrlhf_classmate.demo.launch import parse_step_line
-    from openrlhf_classmate.demo.report import step_rows
+    from openrlhf_classmate.demo.report import step_line, step_rows
 
     step, status = parse_step_line("(PPOTrainer pid=7) ✨ Global step 3: {'reward': 0.5, 'classmate/reward': nan, "
                                    "'mismatch/logprob_abs_diff_mean': 0.0021, 'mismatch/kl_k3': 1e-05}")
     assert step == 3 and status["classmate/reward"] is None
+    assert step_line("classmate", 3, 4, status) == ("step   3/4  main reward 0.50  classmate reward nan  CoT  nan tok"
+                                                    "  |dlogp| 2.1e-03")
     scalars = {"train/reward": {1: 0.1, 2: 0.2, 3: 0.3}, "train/mismatch/logprob_abs_diff_max": {1: 0.5},
                "train/other": {1: 1.0}}
     parsed = {3: status, 4: {"reward": 0.4}}  # step 4: logged before the run was stopped, never flushed

@@ -186,13 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def on_step(step: int, metrics: dict, elapsed: float, parsed=parsed, run=run) -> None:
             parsed[step] = metrics
-            text = f"step {step:3d}/{rl.steps}  main reward {metrics.get('reward', float('nan')):.2f}"
-            if run == "classmate":
-                text += (f"  classmate reward {metrics.get('classmate/reward', float('nan')):.2f}"
-                         f"  CoT {metrics.get('classmate/cot_tokens', float('nan')):4.1f} tok")
-            else:
-                text += f"  response {metrics.get('response_length', float('nan')):4.1f} tok"
-            progress.line(f"{text}  ({elapsed:.0f}s)")
+            progress.line(f"{R.step_line(run, step, rl.steps, metrics)}  ({elapsed:.0f}s)")
 
         L.run_launcher(run_dir, argv, on_step)
         progress.line(f"launcher log: {os.path.join(run_dir, 'launcher.log')}")
@@ -231,12 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         "curves": curves,
         "timings": progress.timings,
     }
-    title = (f"Classmate CoT demo (seed {args.seed}): held-out accuracy before -> after, classmate GDPO: main "
-             f"{100 * before['main_accuracy']:.0f}% -> {100 * results['classmate']['main_accuracy']:.0f}%, classmate "
-             f"{100 * before['classmate_accuracy']:.0f}% -> {100 * results['classmate']['classmate_accuracy']:.0f}%")
-    if "grpo" in results:
-        title += (f"; plain GRPO: main {100 * results['grpo']['main_accuracy']:.0f}%, classmate "
-                  f"{100 * results['grpo']['classmate_accuracy']:.0f}%")
+    title = R.headline(f"Classmate CoT demo (seed {args.seed}): held-out accuracy before -> after, classmate GDPO",
+                       before, results)
     R.plot(os.path.join(out, "curves.png"), metric_rows, curves, title)
     progress.done("report", t)
     progress.timings["total"] = time.time() - progress.start

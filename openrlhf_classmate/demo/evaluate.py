@@ -5,6 +5,9 @@ setting). Each response is split into CoT / answer on token ids (``spans.cot_mas
 ``</think>``) is scored by the registry's ``arithmetic`` scorer. The classmate then receives
 ``build_classmate_input(messages, CoT)`` (the launcher's classmate prompt) and answers greedily; its answer is scored
 with the same scorer. Accuracies are means over all samples.
+
+The CPU demo generates with its in-memory models (:func:`evaluate`); the GPU demo with the saved models through
+``cli.evaluate``'s generation backends, vLLM or transformers (:func:`evaluate_saved`).
 """
 
 from __future__ import annotations

@@ -109,13 +109,7 @@ def write_report(demo) -> None:
         "eval_backends": {name: read_marker(out, name).get("backend")
                           for name in ["eval_before"] + [f"eval_{run}" for run in s.runs]},
     }
-    gdpo = after["classmate"]
-    title = (f"GPU classmate CoT demo (seed {s.seed}): held-out, classmate GDPO: main "
-             f"{100 * before['main_accuracy']:.0f}% -> {100 * gdpo['main_accuracy']:.0f}%, classmate "
-             f"{100 * before['classmate_accuracy']:.0f}% -> {100 * gdpo['classmate_accuracy']:.0f}%")
-    if "grpo" in after:
-        title += (f"; plain GRPO: main {100 * after['grpo']['main_accuracy']:.0f}%, classmate "
-                  f"{100 * after['grpo']['classmate_accuracy']:.0f}%")
+    title = R.headline(f"GPU classmate CoT demo (seed {s.seed}): held-out, classmate GDPO", before, after)
     R.plot(os.path.join(out, "curves.png"), rows, curves, title)
     R.write_metrics(os.path.join(out, "metrics.jsonl"), rows)
     with open(os.path.join(out, "summary.json"), "w") as f:

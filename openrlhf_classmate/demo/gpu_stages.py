@@ -41,6 +41,8 @@ class GPUDemo:
         self.rl_steps_per_call = rl_steps_per_call
         self.timings = Timings(out)
         self.est = dict(H100 if settings.engine == "vllm" else CPU_TINY)
+        if settings.engine == "vllm" and settings.tiny:
+            self.est.update(warmstart=40, rl_step={"classmate": 1.0, "grpo": 1.0})
         if settings.engine == "vllm" and settings.eval_backend == "hf":
             self.est["eval"] = 25
         self._splits = None
@@ -218,6 +220,7 @@ class GPUDemo:
     def rl(self, run: str, deadline: float) -> bool:
         from openrlhf_classmate.demo import rl_stage as RL
         from openrlhf_classmate.demo.launch import gpu_launcher_argv
+        from openrlhf_classmate.demo.report import step_line
 
         run_dir = self.path("runs", run)
         steps = self.s.rl.steps
@@ -232,18 +235,10 @@ class GPUDemo:
              f"and the engines (~{self.rl_startup(run):.0f} s) ...")
 
         def on_step(step: int, status: dict, elapsed: float) -> None:
-            text = f"step {step:3d}/{steps}  main reward {_get(status, 'reward'):.2f}"
-            if run == "classmate":
-                text += (f"  classmate reward {_get(status, 'classmate/reward'):.2f}"
-                         f"  CoT {_get(status, 'classmate/cot_tokens'):5.1f} tok")
-            else:
-                text += f"  response {_get(status, 'response_length'):5.1f} tok"
-            if "mismatch/logprob_abs_diff_mean" in status:
-                text += f"  |dlogp| {_get(status, 'mismatch/logprob_abs_diff_mean'):.1e}"
-            line(f"{text}  ({elapsed:.0f}s)")
+            line(f"{step_line(run, step, steps, status)}  ({elapsed:.0f}s)")
 
         outcome = RL.run(run_dir, argv, steps=steps, save_every=self.s.rl.save_every,
-                         deadline=deadline - RL.KILL_GRACE_S, max_new_steps=self.rl_steps_per_call,
+                         deadline=deadline, max_new_steps=self.rl_steps_per_call,
                          step_estimate_s=self.rl_step(run), on_step=on_step)
         self.timings.measure(f"rl_{run}", startup_s=outcome.startup_s, step_s=outcome.step_s)
         line(f"launcher log: {os.path.join(run_dir, 'launcher.log')}")
@@ -264,11 +259,6 @@ class GPUDemo:
         write_report(self)
         mark_done(self.out, "report", {"files": ["metrics.jsonl", "curves.png", "summary.md", "summary.json"]})
         return True
-
-
-def _get(status: dict, key: str) -> float:
-    value = status.get(key)
-    return float(value) if isinstance(value, (int, float)) else float("nan")
 
 
 def _params(model) -> int:

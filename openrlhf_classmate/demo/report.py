@@ -88,6 +88,35 @@ def step_rows(run: str, scalars: dict[str, dict[int, float]], fallback: dict[int
     return rows
 
 
+def _value(status: dict, key: str) -> float:
+    value = status.get(key)
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def step_line(run: str, step: int, steps: int, status: dict) -> str:
+    """The progress line of one RL step (from the launcher's parsed ``Global step`` status)."""
+    text = f"step {step:3d}/{steps}  main reward {_value(status, 'reward'):.2f}"
+    if run == "classmate":
+        text += (f"  classmate reward {_value(status, 'classmate/reward'):.2f}"
+                 f"  CoT {_value(status, 'classmate/cot_tokens'):4.1f} tok")
+    else:
+        text += f"  response {_value(status, 'response_length'):4.1f} tok"
+    if "mismatch/logprob_abs_diff_mean" in status:
+        text += f"  |dlogp| {_value(status, 'mismatch/logprob_abs_diff_mean'):.1e}"
+    return text
+
+
+def headline(prefix: str, before: dict, after: dict[str, dict]) -> str:
+    """The plot's title: held-out accuracies before -> after per method."""
+    gdpo = after["classmate"]
+    text = (f"{prefix}: main {100 * before['main_accuracy']:.0f}% -> {100 * gdpo['main_accuracy']:.0f}%, classmate "
+            f"{100 * before['classmate_accuracy']:.0f}% -> {100 * gdpo['classmate_accuracy']:.0f}%")
+    if "grpo" in after:
+        text += (f"; plain GRPO: main {100 * after['grpo']['main_accuracy']:.0f}%, classmate "
+                 f"{100 * after['grpo']['classmate_accuracy']:.0f}%")
+    return text
+
+
 def write_metrics(path: str, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:

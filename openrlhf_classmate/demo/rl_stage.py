@@ -25,7 +25,7 @@ from openrlhf_classmate.demo.launch import parse_step_line
 from openrlhf_classmate.integration.checkpoints import CheckpointError, choose_resume_tag, tag_step
 
 KILL_GRACE_S = 15.0
-CHECK_EVERY_S = 1.0  # how often the checkpoint folder is looked at (a few file stats)
+CHECK_EVERY_S = 0.5  # how often the checkpoint folder is looked at (a listing and a zip directory per file)
 
 
 @dataclass
@@ -72,6 +72,20 @@ def read_steps(run_dir: str) -> dict[int, dict]:
     return out
 
 
+def stop_reason(ckpt: int, started_at: int, steps: int, save_every: int, step_s: float, left_s: float,
+                max_new_steps: int | None) -> str:
+    """Why a run that has just written the checkpoint of step ``ckpt`` stops there ("" to go on): it took
+    ``max_new_steps`` new steps, or the next checkpoint (``save_every`` steps of ``step_s``) would come after the
+    ``left_s`` seconds left. The last checkpoint never stops a run: the final save follows it."""
+    if ckpt >= steps:
+        return ""
+    if max_new_steps is not None and ckpt - started_at >= max_new_steps:
+        return f"{ckpt - started_at} new steps (--rl-steps-per-call {max_new_steps})"
+    if save_every * step_s > left_s:
+        return f"the next checkpoint (~{save_every * step_s:.0f} s) would not be written in the time left"
+    return ""
+
+
 def _reader(stream, lines: queue.Queue) -> None:
     for line in stream:
         lines.put(line)
@@ -80,17 +94,20 @@ def _reader(stream, lines: queue.Queue) -> None:
 
 def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline: float,
         max_new_steps: int | None = None, step_estimate_s: float = 5.0,
-        on_step: Callable[[int, dict, float], None] | None = None) -> Outcome:
+        on_step: Callable[[int, dict, float], None] | None = None, kill_grace_s: float = KILL_GRACE_S,
+        program: list[str] | None = None) -> Outcome:
     """Run or resume the launcher until the run ends, or stop it at the first checkpoint after which the next one
-    would not be written before ``deadline`` (``time.time()`` value), or after ``max_new_steps`` new steps.
+    would not be written in time, or after ``max_new_steps`` new steps. ``deadline`` (a ``time.time()`` value): when
+    the launcher must be gone; stopping it takes up to ``kill_grace_s``.
 
-    Past ``deadline`` itself the run is stopped wherever it is (the steps after its last checkpoint are lost).
-    Raises ``RuntimeError`` with the log's tail when the launcher fails."""
+    Past ``deadline - kill_grace_s`` the run is stopped wherever it is (the steps after its last checkpoint are lost).
+    Raises ``RuntimeError`` with the log's tail when the launcher fails. ``program``: what runs ``argv`` (default
+    the launcher, ``python -m openrlhf_classmate.cli.train_ppo_ray``)."""
     from openrlhf_classmate.testing.e2e import kill_session, release_build_locks
 
     os.makedirs(run_dir, exist_ok=True)
     started_at = checkpoint_step(run_dir)
-    command = [sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv]
+    command = [*(program or [sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray"]), *argv]
     with open(os.path.join(run_dir, "command.txt"), "w") as f:
         f.write(" ".join(command) + "\n")
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1",
@@ -132,7 +149,7 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
                         if on_step:
                             on_step(step, status, now - t0)
                 now = time.time()
-                if now > deadline:
+                if now > deadline - kill_grace_s:  # the stop itself may take kill_grace_s
                     outcome.stopped = "the call's time ran out before the next checkpoint"
                     break
                 if last_step_at is None or now - checked_at < CHECK_EVERY_S:
@@ -141,16 +158,13 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
                 if ckpt > seen_ckpt:
                     seen_ckpt = ckpt
                     step_s = (statistics.median(outcome.step_times) if outcome.step_times else step_estimate_s)
-                    if ckpt < steps and max_new_steps is not None and ckpt - started_at >= max_new_steps:
-                        outcome.stopped = f"{ckpt - started_at} new steps (--rl-steps-per-call {max_new_steps})"
-                        break
-                    if ckpt < steps and now + save_every * step_s + KILL_GRACE_S > deadline:
-                        outcome.stopped = (f"the next checkpoint (~{save_every * step_s:.0f} s) would not be "
-                                           "written in the time left")
+                    outcome.stopped = stop_reason(ckpt, started_at, steps, save_every, step_s,
+                                                  deadline - kill_grace_s - now, max_new_steps)
+                    if outcome.stopped:
                         break
         finally:
             if proc.poll() is None:
-                kill_session(proc, grace=KILL_GRACE_S)
+                kill_session(proc, grace=kill_grace_s)
                 for lock in release_build_locks(since=t0):
                     log.write(f"[demo] removed the build lock {lock} left by the stopped launcher\n")
                 log.write(f"[demo] launcher stopped: {outcome.stopped or 'interrupted'}\n")
