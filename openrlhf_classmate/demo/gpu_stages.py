@@ -19,7 +19,8 @@ from openrlhf_classmate.demo import gpu_world as G
 from openrlhf_classmate.demo import world as W
 from openrlhf_classmate.demo.stages import Stage, Timings, is_done, mark_done, run_stages
 
-# Seconds on one H100 (estimates until this output folder has measured its own; docs/demo.md has the measured ones)
+# Seconds on one H100, estimated from the earlier device runs (bench/GPU_RESULTS.md section 3); an output folder's
+# own measurements (stages/timings.json) replace them as soon as it has some
 H100 = {"warmstart": 120, "eval": 60, "report": 15, "rl_startup": {"classmate": 240, "grpo": 170},
         "rl_step": {"classmate": 3.5, "grpo": 3.0}, "rl_end": 20}
 CPU_TINY = {"warmstart": 30, "eval": 20, "report": 15, "rl_startup": {"classmate": 60, "grpo": 50},
@@ -82,7 +83,7 @@ class GPUDemo:
                   lambda: self._measured("warmstart", self.est["warmstart"]),
                   self._isolated("warmstart") if isolate else lambda _: self.warmstart()),
             Stage("eval_before", "held-out evaluation of the warm start",
-                  lambda: self._measured("eval_before", self.est["eval"]),
+                  self._eval_estimate,
                   self._isolated("eval_before") if isolate else lambda _: self.evaluate("eval_before")),
         ]
         for run in self.s.runs:
@@ -92,7 +93,7 @@ class GPUDemo:
                       lambda deadline, run=run: self.rl(run, deadline),
                       min_part_s=self.rl_startup(run) + self.s.rl.save_every * self.rl_step(run) + 30),
                 Stage(f"eval_{run}", f"held-out evaluation after {RUN_TITLES[run]}",
-                      lambda run=run: self._measured(f"eval_{run}", self.est["eval"]),
+                      self._eval_estimate,
                       (self._isolated(f"eval_{run}") if isolate
                        else lambda _, run=run: self.evaluate(f"eval_{run}"))),
             ]
@@ -138,6 +139,12 @@ class GPUDemo:
     def _measured(self, name: str, default: float) -> float:
         seconds = self.timings.data.get(name, {}).get("seconds")
         return seconds[-1] if seconds else default
+
+    def _eval_estimate(self) -> float:
+        """The latest evaluation's time (they all cost the same: two engine starts and the same generation)."""
+        names = ["eval_before"] + [f"eval_{run}" for run in self.s.runs]
+        measured = [self.timings.last(n, "seconds") for n in names if self.timings.last(n, "seconds") is not None]
+        return measured[-1] if measured else self.est["eval"]
 
     def rl_startup(self, run: str) -> float:
         other = "grpo" if run == "classmate" else "classmate"

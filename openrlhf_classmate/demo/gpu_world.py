@@ -105,8 +105,7 @@ def save(model, tokenizer, path: str) -> str:
 
     from openrlhf_classmate.demo.models import save_model
 
-    model = model.to(torch.bfloat16)
-    model.config.torch_dtype = torch.bfloat16
+    model = model.to(torch.bfloat16)  # save_pretrained writes the config's dtype from the weights
     os.makedirs(path, exist_ok=True)
     return save_model(model, tokenizer, path)
 
