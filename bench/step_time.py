@@ -138,10 +138,11 @@ def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -
     if classmate is None:
         argv += ["--algo.advantage.estimator", "group_norm"]
     else:
+        placement = getattr(a, "placement", None) or ("colocate" if a.gpus == 1 else "share")
+        memory = getattr(a, "classmate_memory", None) or ("0.2" if a.gpus == 1 else "0.35")
         argv += ["--classmate.model_name_or_path", classmate, "--classmate.estimator", "gdpo",
                  "--classmate.max_new_tokens", str(a.classmate_new_tokens), "--classmate.temperature", "1.0",
-                 "--classmate.placement", "colocate" if a.gpus == 1 else "share",
-                 "--classmate.gpu_memory_utilization", "0.2" if a.gpus == 1 else "0.35"]
+                 "--classmate.placement", placement, "--classmate.gpu_memory_utilization", str(memory)]
     return argv
 
 
@@ -149,18 +150,59 @@ def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 3) if values else None
 
 
-def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout: int) -> dict:
+def spread(values: list[float]) -> dict | None:
+    """Median with min / max and the count: how a noisy phase is reported."""
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "n": len(values)}
+
+
+def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> dict:
+    """Per-step timings of an interleaved run, split by step kind (``bench/classmate_step``: 1 = GDPO, 0 = GRPO).
+
+    The first ``skip_first`` steps of each kind are warm-up (CUDA graphs, allocator, JIT, the classmate engine's
+    first wake-up) and left out. Returns ``{kind: {"steps": [...], "per_step": {tag: {step: s}}, "stats": {tag:
+    spread}}}`` plus ``paired``: the ratio of each steady GDPO step to the GRPO step right after it (same weights
+    and machine state give or take one step), as a spread."""
+    kinds = tb.get("train/bench/classmate_step", {})
+    out: dict = {}
+    for kind, flag in (("gdpo", 1.0), ("grpo", 0.0)):
+        steps = sorted(s for s, v in kinds.items() if round(v) == flag)[skip_first:]
+        per_step = {tag: {s: round(tb.get(f"train/{tag}", {}).get(s, float("nan")), 3) for s in steps}
+                    for _, tag in ROWS if f"train/{tag}" in tb}
+        stats = {tag: spread([v for v in values.values() if v == v]) for tag, values in per_step.items()}
+        out[kind] = {"steps": steps, "per_step": per_step, "stats": stats}
+    total = "timing/step_total"
+    gdpo_steps = out["gdpo"]["per_step"].get(total, {})
+    grpo_steps = out["grpo"]["per_step"].get(total, {})
+    pairs = [gdpo_steps[s] / grpo_steps[s + 1] for s in gdpo_steps if s + 1 in grpo_steps and grpo_steps[s + 1] > 0]
+    out["paired"] = spread(pairs)
+    g = (out["grpo"]["stats"].get(total) or {}).get("median")
+    c = (out["gdpo"]["stats"].get(total) or {}).get("median")
+    out["ratio"] = round(c / g, 3) if g and c else None
+    return out
+
+
+def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout: int,
+            interleave: bool = False) -> dict:
     root = os.path.join(a.work, f"{name}_{a.gpus}gpu")
     shutil.rmtree(root, ignore_errors=True)  # no stale tensorboard events of an earlier attempt
     os.makedirs(root, exist_ok=True)
     log = os.path.join(root, "launcher.log")
     t0 = time.time()
-    code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout)
+    env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else None
+    code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout, env=env)
     row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
     if code != 0:
         row["log_tail"] = _tail(log, 60)
         return row
     tb = tensorboard_scalars(os.path.join(root, "tb"))
+    row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
+    row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
+    if interleave:
+        row.update(split_interleaved(tb))
+        return row
     per_step = {tag: {int(s): round(v, 3) for s, v in sorted(tb.get(f"train/{tag}", {}).items())} for _, tag in ROWS}
     steps = sorted(per_step["timing/step_total"])
     steady = [s for s in steps if s > 1] or steps
@@ -168,14 +210,13 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
                mean={tag: _mean([v for s, v in values.items() if s in steady]) for tag, values in per_step.items()})
     if classmate is None:  # no classmate stage: make_experience is the actor/ref forwards (+ upstream advantages)
         row["mean"]["classmate/actor_ref_forward_time"] = row["mean"]["timing/make_experience"]
-    row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
-    row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     return row
 
 
-def _guarded_run(name: str, a, policy: str, classmate: str | None, data: str, timeout: int) -> dict:
+def _guarded_run(name: str, a, policy: str, classmate: str | None, data: str, timeout: int,
+                 interleave: bool = False) -> dict:
     try:
-        return run_one(name, a, policy, classmate, data, timeout)
+        return run_one(name, a, policy, classmate, data, timeout, interleave)
     except Exception as e:  # noqa: BLE001  (keep the other run's numbers and the JSON)
         return {"run": name, "exit": "error", "error": repr(e)[-2000:],
                 "log": os.path.join(a.work, f"{name}_{a.gpus}gpu", "launcher.log")}
@@ -206,6 +247,63 @@ def print_table(result: dict) -> None:
         print(f"GDPO / GRPO step time = {result['ratio']:.3f} ({verdict} the {TARGET}x target)")
 
 
+def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, start: float) -> None:
+    """One interleaved run per call; the calls of one (warm) machine with the same settings are kept in ``$WORK`` so
+    that the ratio's spread between calls is reported next to each call's figure."""
+    name = f"step_time_{a.gpus}gpu_interleaved_{result['placement']}"
+    state_path, out_path = os.path.join(a.work, name + ".json"), os.path.join(a.out, name + ".json")
+    calls = []
+    if os.path.isfile(state_path) and not a.fresh:
+        previous = json.load(open(state_path))
+        if all(previous.get(k) == result[k] for k in ("device", "batch", "models", "gpus", "engine", "placement")):
+            calls = previous.get("calls", [])
+    left = a.budget_s - (time.time() - start)
+    if left < a.run_estimate_s:
+        row = {"run": "interleaved", "exit": None,
+               "skipped": f"{left:.0f} s left of --budget-s, ~{a.run_estimate_s:.0f} s needed"}
+    else:
+        row = _guarded_run("interleaved", a, policy, classmate, data, timeout=int(min(600, left - 10)),
+                           interleave=True)
+    row["call"] = len(calls) + 1
+    calls.append(row)
+    ratios = [c["ratio"] for c in calls if c.get("ratio")]
+    result.update(calls=calls, ratios=ratios)
+    if len(ratios) >= 2:
+        result["call_spread"] = round(max(ratios) - min(ratios), 3)
+        result["calls_agree"] = result["call_spread"] <= 0.10  # within +-0.05 of each other
+    for path in (state_path, out_path):
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(path + ".tmp", path)
+    print_interleaved(result)
+    sys.exit(0 if row.get("exit") == 0 else 1)
+
+
+def print_interleaved(result: dict) -> None:
+    row = result["calls"][-1]
+    print(f"\ninterleaved step time, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
+          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps "
+          f"GRPO {row.get('grpo', {}).get('steps')} / GDPO {row.get('gdpo', {}).get('steps')}")
+    if row.get("exit") != 0:
+        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}")
+        return
+
+    def cell(kind: str, tag: str) -> str:
+        st = row[kind]["stats"].get(tag)
+        return f"{st['median']:.2f} [{st['min']:.2f}, {st['max']:.2f}]" if st else ""
+
+    print(f"{'':<36}{'GRPO':>22}{'GDPO':>22}")
+    for label, tag in ROWS:
+        print(f"{label:<36}{cell('grpo', tag):>22}{cell('gdpo', tag):>22}")
+    paired = row.get("paired") or {}
+    verdict = "meets" if row["ratio"] is not None and row["ratio"] <= TARGET else "misses"
+    print(f"GDPO / GRPO = {row['ratio']} (ratio of medians; paired GDPO step / next GRPO step: median "
+          f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) {verdict} the {TARGET}x target")
+    if "call_spread" in result:
+        print(f"ratios of the calls so far: {result['ratios']} (spread {result['call_spread']}; "
+              f"{'agree' if result['calls_agree'] else 'DO NOT agree'} within +-0.05)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", type=int, choices=(1, 2), default=1)
@@ -229,6 +327,13 @@ def main() -> None:
     p.add_argument("--run-estimate-s", type=float, default=270, help="expected wall time of one run (budget)")
     p.add_argument("--prepare-only", action="store_true", help="build the models and data, run nothing")
     p.add_argument("--fresh", action="store_true", help="measure again runs an earlier call already measured")
+    p.add_argument("--interleave", action="store_true",
+                   help="one launcher run whose steps alternate GDPO (odd) and plain GRPO (even): both kinds timed in "
+                        "one process, same engines and drift (--steps counts both kinds; the first of each is warm-up)")
+    p.add_argument("--placement", choices=("colocate", "share"), default=None,
+                   help="--classmate.placement (default: colocate on 1 GPU, share on 2)")
+    p.add_argument("--classmate-memory", type=float, default=None,
+                   help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
     a = p.parse_args()
     start = time.time()
     shape = TINY if a.tiny else QWEN25_05B
@@ -252,6 +357,9 @@ def main() -> None:
         "target": TARGET, "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)
+    if a.interleave:
+        result["placement"] = a.placement or ("colocate" if a.gpus == 1 else "share")
+        return interleaved_call(a, result, policy, classmate, data, start)
     out_path = os.path.join(a.out, f"step_time_{a.gpus}gpu.json")
     # runs of earlier calls on the same (warm) machine with the same settings count too: GRPO and GDPO can be
     # measured in two device calls and still be compared in one table

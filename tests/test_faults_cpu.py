@@ -85,6 +85,26 @@ def test_judge_down_for_a_whole_step_is_masked_counted_warned_and_the_run_goes_o
     assert "Traceback" not in log
 
 
+def test_judge_down_with_dynamic_filtering_stops_with_the_all_invalid_message(tmp_path):
+    # issue 23 item 3: upstream's filter averaged the placeholder zeros, dropped and replaced every group until the
+    # epoch ran out, and the run exited 0 having trained nothing; now the dropped groups count as all-invalid steps
+    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
+    log_path = str(tmp_path / "run.log")
+    with serve_in_thread(down_keys=8) as server:  # 503 to every request: the judge is down for the whole run
+        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server) + [
+            "--algo.dynamic_filtering_enable", "--classmate.stop_after_invalid_steps", "1"])
+        code = run_launcher(argv, log_path, cwd=REPO, timeout=900)
+        statuses = list(server.statuses)
+    log = open(log_path, errors="replace").read()
+    assert code == 1, log[-6000:]
+    message = ("error: dynamic filtering dropped 4 prompt groups whose main scores were all invalid (1 x "
+               "--rollout.batch_size 4): no score has been valid yet (judge or verifier down or misconfigured? see "
+               "the reward function's log lines); stopping (--classmate.stop_after_invalid_steps)")
+    assert log.splitlines().count(message) == 1, log[-6000:]  # the launcher's one line (Ray's output interleaves)
+    assert statuses and set(statuses) == {503}
+    assert not os.path.exists(os.path.join(world["root"], "ckpt", "_actor", "latest"))  # nothing was trained
+
+
 def _processes() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, session id) of every process."""
     out = {}

@@ -133,3 +133,20 @@ def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, 
     kill_session(proc, grace=2)
     states = subprocess.run(["ps", "-o", "stat=", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert proc.poll() is not None and [s for s in states if not s.startswith("Z")] == []  # zombies: dead, unreaped
+
+
+def test_interleaved_step_times_split_by_kind_with_medians_and_pairs():
+    step_time = _bench("step_time")
+    kinds = {s: float(s % 2) for s in range(1, 9)}  # odd steps GDPO, even GRPO
+    totals = {1: 50.0, 2: 40.0, 3: 26.0, 4: 20.0, 5: 24.0, 6: 19.0, 7: 28.0, 8: 21.0}
+    tb = {"train/bench/classmate_step": kinds, "train/timing/step_total": totals,
+          "train/classmate/stage_time": {1: 9.0, 3: 4.5, 5: 4.4, 7: 4.7}}
+    out = step_time.split_interleaved(tb)
+    assert out["gdpo"]["steps"] == [3, 5, 7] and out["grpo"]["steps"] == [4, 6, 8]  # first of each kind: warm-up
+    assert out["gdpo"]["stats"]["timing/step_total"] == {"median": 26.0, "min": 24.0, "max": 28.0, "n": 3}
+    assert out["grpo"]["stats"]["timing/step_total"]["median"] == 20.0
+    assert out["gdpo"]["stats"]["classmate/stage_time"]["median"] == 4.5
+    assert "classmate/stage_time" not in out["grpo"]["stats"] or out["grpo"]["stats"]["classmate/stage_time"] is None
+    assert out["ratio"] == 1.3
+    # pairs: 26/20, 24/19, 28/21
+    assert out["paired"] == {"median": 1.3, "min": round(24 / 19, 3), "max": round(28 / 21, 3), "n": 3}

@@ -176,6 +176,19 @@ def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monke
     trainer.train_step(bad, 1)
     with pytest.raises(TrainingStopped, match="in each of the first 3 steps.*stop_after_invalid_steps"):
         trainer.train_step(bad, 2)
+    # a reward hook that knows why every score is invalid: its reason, not a guess about the judge
+    too_long = batch(0.0)
+
+    def hook_step(self, rollout_samples, global_step):
+        raise AllScoresInvalidError("all 2 main scores of this rollout batch are invalid",
+                                    "VR-CLI: 2 generator sequences longer than --vrcli.max_len 8")
+
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", hook_step)
+    with pytest.raises(TrainingStopped) as stopped:
+        trainer_with(1).train_step(too_long, 0)
+    assert "longer than --vrcli.max_len 8) in each of the first 1 steps" in str(stopped.value)
+    assert "judge" not in str(stopped.value)
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", fake_step)
     # once a step had valid scores, later all-invalid steps are skipped, never fatal
     trainer = trainer_with(1)
     status, step = trainer.train_step(good, 0)

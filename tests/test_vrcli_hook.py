@@ -24,7 +24,7 @@ from openrlhf_classmate.rewards.likelihood import (
     model_checksum,
     plan_micro_batches,
 )
-from openrlhf_classmate.rewards.vrcli import PENDING_REWARD_FUNC_PATH, VrcliRewardHook
+from openrlhf_classmate.rewards.vrcli import PENDING_REWARD_FUNC_PATH, VrcliRewardHook, generator_sequence
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 from openrlhf_classmate.testing.vrcli_world import (
     build_plan_follower,
@@ -236,9 +236,15 @@ def test_missing_plan_zero_and_too_long_inputs(world, fake_ray):
     assert float(samples[0].rewards[0]) == 0.0 and m["vrcli/invalid"] == 0 and m["vrcli/no_plan"] == 1
     # every generator input is longer than 10 tokens: nothing is forwarded, all invalid
     samples = [_sample(world.tok, label, f"In summary: {c}")]
-    m = _hook(world, max_len=10)(_maker(world), samples)
+    hook = _hook(world, max_len=10)
+    m = hook(_maker(world), samples)
     assert float(samples[0].info["main_valid"][0]) == 0.0
     assert m["vrcli/invalid_too_long"] == 1 and m["vrcli/forward_sequences"] == 0
+    # the step's skip (and stop) message names --vrcli.max_len, not the judge
+    baseline = len(generator_sequence(world.tok, label, None)[0])
+    assert hook.invalid_reason == (f"VR-CLI: 1 generator sequences longer than --vrcli.max_len 10 (without any plan "
+                                   f"the shortest of this batch is {baseline} tokens: raise --vrcli.max_len, 0 = no "
+                                   "limit)")
 
 
 def test_a_bad_label_stops_the_run_with_one_line(world, fake_ray):

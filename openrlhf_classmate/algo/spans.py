@@ -173,6 +173,17 @@ def cot_mask(
     return CotSpans(mask=mask, start=start, end=end, has_answer=has_answer)
 
 
+def think_tags_problem(think_open: str, think_close: str) -> str | None:
+    """Why a pair of think tags cannot delimit a CoT (the same tag twice, or a closing tag as the opening one), or
+    None. Said in terms of the tags; the caller names the flags."""
+    if think_open == think_close:
+        return f"the open and close tags are the same tag {think_open!r}: the CoT would end where it starts"
+    if think_open.startswith("</") and not think_close.startswith("</"):
+        return (f"open {think_open!r} and close {think_close!r} look swapped (the open tag is a closing tag): the "
+                "CoT would be read from the answer")
+    return None
+
+
 def think_token_ids(tokenizer, think_open: str = "<think>", think_close: str = "</think>") -> tuple[int, int]:
     """Ids of the think tags in ``tokenizer``; each tag must encode to exactly one token (not the unknown token)."""
     ids = []

@@ -59,6 +59,8 @@ class Row:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from openrlhf_classmate.config_fields import refuse_non_finite
+
     p = argparse.ArgumentParser(prog="python -m openrlhf_classmate.cli.evaluate",
                                 description="Generate on a test jsonl, score, and report (see the module docstring).")
     p.add_argument("--model", required=True, help="model directory or hub id (e.g. a run's final/ folder)")
@@ -107,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
+    refuse_non_finite(p)  # every float flag: NaN / inf refused when read, one error line
     return p
 
 
@@ -121,6 +124,7 @@ def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> l
     """The rows of ``--data`` (.jsonl, .json or .parquet); problems name the file, line and field."""
     from openrlhf_classmate.data.errors import DataError
     from openrlhf_classmate.data.io import iter_file_rows
+    from openrlhf_classmate.data.messages import messages_problem
     from openrlhf_classmate.scoring import LabelError, parse_label
 
     if not os.path.exists(path):
@@ -135,7 +139,10 @@ def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> l
             prompt = row.get(input_key)
             if isinstance(prompt, str):
                 messages = [{"role": "user", "content": prompt}]
-            elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            elif isinstance(prompt, list):
+                problem = messages_problem(prompt)
+                if problem:
+                    raise EvaluationError(f"{location}: field {input_key!r}: {problem}")
                 messages = prompt
             else:
                 raise EvaluationError(f"{location}: field {input_key!r} must be chat messages or a string "
@@ -281,6 +288,12 @@ def _check_args(args, rows: list[Row]) -> None:
 
     if args.no_think and (args.classmate or args.monitor):
         raise EvaluationError("--no-think: there is no CoT for --classmate or --monitor")
+    if not args.no_think:
+        from openrlhf_classmate.algo.spans import think_tags_problem
+
+        problem = think_tags_problem(args.think_open, args.think_close)
+        if problem:
+            raise EvaluationError(f"--think-open / --think-close: {problem}")
     if args.monitor and not args.judge_base_url:
         raise EvaluationError("--monitor needs a judge: --judge-base-url (and --judge-model)")
     if args.samples < 1 or args.max_new_tokens < 1:
@@ -312,6 +325,20 @@ def _check_args(args, rows: list[Row]) -> None:
             if not args.judge_base_url:
                 raise EvaluationError(f"{row.location}: scorer {name!r} rates answers with an LLM judge: pass "
                                       "--judge-base-url (and --judge-model)") from None
+
+
+def _check_content_parts(rows: list[Row], tokenizer, model: str, *, chat_template: bool) -> None:
+    """Content-part lists only where ``model``'s chat template renders them (never without a template)."""
+    from openrlhf_classmate.data.messages import first_parts_message, parts_problem
+
+    for row in rows:
+        i = first_parts_message(row.messages)
+        if i is None:
+            continue
+        problem = parts_problem(row.messages, tokenizer, model) if chat_template else (
+            f"message {i}: content parts (a list) cannot be joined into a prompt with --no-chat-template")
+        if problem:
+            raise EvaluationError(f"{row.location}: {problem}")
 
 
 def _check_sampling(prefix: str, n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> None:
@@ -368,8 +395,10 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     if not isinstance(template_kwargs, dict):
         raise EvaluationError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": true}'")
     tokenizer = _load_tokenizer("--model", args.model)
+    _check_content_parts(rows, tokenizer, args.model, chat_template=not args.no_chat_template)
     if args.classmate:
-        _load_tokenizer("--classmate", args.classmate)
+        _check_content_parts(rows, _load_tokenizer("--classmate", args.classmate), args.classmate,
+                             chat_template=True)
     os.makedirs(args.output_dir, exist_ok=True)
     open_id = close_id = None
     if not args.no_think:

@@ -287,12 +287,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         run(args)
-    except Exception as e:  # noqa: BLE001 - only our own stop is turned into one line; anything else re-raises
+    except Exception as e:  # noqa: BLE001 - our own stop and a full disk become one line; anything else re-raises
+        from openrlhf_classmate.integration.disk_full import no_space_message
         from openrlhf_classmate.integration.trainer import TrainingStopped
 
         cause = getattr(e, "cause", e)  # Ray wraps the controller's exception in a RayTaskError
         if isinstance(cause, TrainingStopped):
             raise SystemExit(str(cause)) from None
+        full = no_space_message(e, [("--ckpt.path", args.ckpt.path), ("--ckpt.output_dir", args.ckpt.output_dir)],
+                                args.ckpt.path)
+        if full:
+            raise SystemExit(full) from None
         raise
 
 

@@ -20,6 +20,7 @@ from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_class
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
 from openrlhf_classmate.algo.response_split import char_boundary, load_stop_token_ids
 from openrlhf_classmate.algo.spans import CotSpans, cot_mask, prompt_opens_think, think_token_ids, truncate_cot
+from openrlhf_classmate.integration.classmate_config import warn
 from openrlhf_classmate.integration.classmate_scoring import ClassmateAnswer, Scorer, registry_scorer
 
 # Conditions that read the main score (classmate_reward.CONDITIONS).
@@ -119,8 +120,20 @@ class ClassmateStage:
         self.vanilla = self.cfg.loss == "vanilla_classmate"
         self.score = scorer if scorer is not None else registry_scorer()
         self._next_engine = [0] * len(engines)
+        self._said_context = False
         self.last_scores: tuple[list, list[bool]] = ([], [])
         """(score results of the classmate answers, per-sample validity) of the last ``gather``, for judge health"""
+
+    def _say_context_skips(self, skipped: int, total: int) -> None:
+        """Classmate calls skipped because the input does not fit ``--classmate.max_context``: said once, with the
+        step's counts (the metric classmate/skip_over_max_context counts them every step)."""
+        if skipped and not self._said_context:
+            self._said_context = True
+            warn(
+                f"classmate: {skipped} of {total} requests of this step were skipped: the classmate input (prompt + "
+                f"CoT) + --classmate.max_new_tokens {self.cfg.max_new_tokens} exceeds --classmate.max_context "
+                f"{self.cfg.max_context}; those responses get no classmate reward (masked); raise "
+                "--classmate.max_context (said once; classmate/skip_over_max_context counts them every step)")
 
     # ── spans ──
 
@@ -248,6 +261,7 @@ class ClassmateStage:
             for request in per_model:
                 if not request.valid:
                     reasons[_reason_key(request.skip_reason)] += s_samples
+        self._say_context_skips(reasons["over_max_context"], n * k_models * s_samples)
         reward, sample_valid, raw_mean = combine_classmate_scores(
             scores, valid, main_rewards.double(),
             weights=self.cfg.weights, lam=self.cfg.reward_weight, condition=self.cfg.condition,

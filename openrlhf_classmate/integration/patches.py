@@ -16,6 +16,8 @@ upstream name                                    rebound to / why
 ``ppo_trainer_async.PPOTrainerAsync``            the same factory (``--train.async_enable``): ``ClassmatePPOTrainerAsync``
 ``ppo_trainer_async.GenerateSamplesActor`` and   inside ``ClassmatePPOTrainerAsync``'s process only: our rollout actor
 ``ppo_trainer_async.TrainingActor``              (dispatches the classmate requests) and training actor (our maker)
+``SamplesGenerator`` in ``ppo_trainer`` and      ``ClassmateSamplesGenerator`` (dynamic filtering leaves invalid
+``ppo_trainer_async``                            scores out), in the controller / rollout actor's process
 ``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
                                                  ``*_hf`` folders rotate with ``--ckpt.max_num``)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
@@ -225,6 +227,20 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     cli.get_strategy = get_strategy
     ppo_trainer.PPOTrainer = trainer_factory
     ppo_trainer_async.PPOTrainerAsync = trainer_factory  # train() imports it at call time under async_enable
+
+
+def install_samples_generator() -> None:
+    """Make the controllers build :class:`~openrlhf_classmate.integration.samples_generator.ClassmateSamplesGenerator`
+    (call in the controller's or the async rollout actor's process, before upstream's ``__init__``)."""
+    import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+
+    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+
+    for module in (ppo_trainer, ppo_trainer_async):
+        if not hasattr(module, "SamplesGenerator"):
+            raise UpstreamChangedError(f"{module.__name__}.SamplesGenerator is gone")
+        module.SamplesGenerator = ClassmateSamplesGenerator
 
 
 def install_async_actors(generator, trainer) -> None:

@@ -103,7 +103,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
         judge request or a score failed). A batch with no valid main score is skipped (one warning line), and a run
         whose every step so far had none stops after ``--classmate.stop_after_invalid_steps`` of them."""
         from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
-        from openrlhf_classmate.integration.step_health import main_tally, require_judge
+        from openrlhf_classmate.integration.step_health import main_tally, no_valid_score_yet, require_judge
 
         require_judge(rollout_samples, self.args, judge_config_from_args(self.args))
         main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
@@ -114,10 +114,8 @@ class ClassmateControllerMixin(BasePPOTrainer):
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
-                raise TrainingStopped(
-                    f"error: {e} in each of the first {self.invalid_steps} steps: no score has been valid yet "
-                    "(judge or verifier down or misconfigured? see the reward function's log lines); "
-                    "stopping (--classmate.stop_after_invalid_steps)") from None
+                raise TrainingStopped(no_valid_score_yet(f"{e} in each of the first {self.invalid_steps} steps",
+                                                         reason_known=bool(e.reason))) from None
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
             return {**health, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
@@ -164,6 +162,9 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
                  **generate_kwargs):
+        from openrlhf_classmate.integration import patches
+
+        patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
         self._setup_classmate(classmate_engines, classmate_colocated)
@@ -216,6 +217,9 @@ class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
     """Upstream's rollout actor; each rollout batch leaves with its classmate requests already dispatched."""
 
     def __init__(self, pretrain, strategy, vllm_engines, *, classmate_engines=None, **kwargs):
+        from openrlhf_classmate.integration import patches
+
+        patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
         from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
 

@@ -305,6 +305,8 @@ class VrcliRewardHook:
         self.empty_cache = empty_cache
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.baseline_cache: dict[tuple, float] = {}  # online baselines: the reference model is frozen
+        self.invalid_reason: str | None = None
+        """Why every sample of the last batch was invalid (the experience maker's skip message), or None."""
 
     def __call__(self, maker, samples) -> dict[str, float]:
         group = maker.initial_model_group
@@ -372,7 +374,22 @@ class VrcliRewardHook:
         if ppl_plan:
             metrics["vrcli/ppl_plan_mean"] = sum(ppl_plan) / len(ppl_plan)
             metrics["vrcli/ppl_base_mean"] = sum(ppl_base) / len(ppl_base)
+        self.invalid_reason = self._why_all_invalid(rows) if metrics["vrcli/invalid"] == len(rows) else None
         return metrics
+
+    def _why_all_invalid(self, rows: list[_Row]) -> str:
+        """What made every sample of the batch invalid, for the step's skip / stop message (not the judge)."""
+        too_long, no_plan = sum(r.reason == "too_long" for r in rows), sum(r.reason == "no_plan" for r in rows)
+        parts = []
+        if too_long:
+            shortest = min(len(generator_sequence(self.tokenizer, r.label, None)[0]) for r in rows)
+            parts.append(f"{too_long} generator sequences longer than --vrcli.max_len {self.config.max_len} (without "
+                         f"any plan the shortest of this batch is {shortest} tokens: raise --vrcli.max_len, 0 = no "
+                         "limit)")
+        if no_plan:
+            parts.append(f"{no_plan} responses without a plan ('In summary:' marker; --vrcli.missing_plan zero scores "
+                         "them 0)")
+        return "VR-CLI: " + "; ".join(parts)
 
     def _read(self, sample) -> _Row:
         try:

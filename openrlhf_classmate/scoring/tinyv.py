@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
+from openrlhf_classmate.config_fields import POSITIVE_INT, Bound, field_problem
 from openrlhf_classmate.scoring.base import BaseScorer, Item
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
 from openrlhf_classmate.scoring.labels import LabelError, require_scalar, require_str
@@ -123,11 +123,9 @@ class TinyVConfig:
                              f"{self.base_url!r}")
         if self.mode not in MODES:
             raise ValueError(f"--tinyv.mode must be one of {MODES}, got {self.mode!r}")
-        if not 0.0 <= self.weight <= 1.0:
-            raise ValueError(f"--tinyv.weight must be in [0, 1], got {self.weight}")
-        if self.max_concurrency < 1 or self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0:
-            raise ValueError("--tinyv.max_concurrency >= 1, --tinyv.timeout_s > 0, --tinyv.max_retries >= 0 and "
-                             "--tinyv.backoff_s >= 0 are required")
+        problem = field_problem("tinyv", TinyVConfig, self)  # the ranges the flags' help states; finite numbers
+        if problem:
+            raise ValueError(problem)
 
 
 class TinyVNotConfiguredError(LabelError):
