@@ -262,6 +262,15 @@ def test_an_rl_run_stops_after_the_last_checkpoint_that_fits_and_resumes_there(t
     third = RL.run(str(tmp_path / "late"), [str(tmp_path / "late"), "20", "4", "0.3"], steps=20, save_every=4,
                    deadline=time.time() + 1.5, kill_grace_s=0.5, program=[sys.executable, str(script)])
     assert not third.finished and third.step == 0 and "ran out" in third.stopped
+    # a first checkpoint cut short: nothing to resume from, so the next call starts afresh (the launcher would refuse
+    # a checkpoint folder without a complete tag)
+    torn = tmp_path / "late" / "ckpt" / "_actor" / "global_step4"
+    torn.mkdir(parents=True, exist_ok=True)
+    (torn / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"cut")
+    fourth = RL.run(str(tmp_path / "late"), [str(tmp_path / "late"), "8", "4", "0.05"], steps=8, save_every=4,
+                    deadline=time.time() + 60, kill_grace_s=0.5, program=[sys.executable, str(script)])
+    assert fourth.finished and fourth.started_at == 0 and RL.checkpoint_step(str(tmp_path / "late")) == 8
+    assert "no complete checkpoint in it" in (tmp_path / "late" / "launcher.log").read_text()
 
 
 # ── metrics ──

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,10 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
 
     os.makedirs(run_dir, exist_ok=True)
     started_at = checkpoint_step(run_dir)
+    actor_dir = os.path.join(run_dir, "ckpt", "_actor")
+    cleared = started_at == 0 and os.path.isdir(actor_dir)
+    if cleared:  # a first save cut short: nothing to resume from, and the launcher refuses such a folder
+        shutil.rmtree(actor_dir)
     command = [*(program or [sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray"]), *argv]
     with open(os.path.join(run_dir, "command.txt"), "w") as f:
         f.write(" ".join(command) + "\n")
@@ -118,6 +123,8 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
     with open(log_path, "a") as log, open(os.path.join(run_dir, "steps.jsonl"), "a") as steps_log:
         log.write(f"\n===== launcher started {time.strftime('%Y-%m-%d %H:%M:%S')}, resuming from step "
                   f"{started_at}\n")
+        if cleared:
+            log.write(f"[demo] removed {actor_dir}: no complete checkpoint in it (a first save was cut short)\n")
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1, start_new_session=True)
         lines: queue.Queue = queue.Queue()
