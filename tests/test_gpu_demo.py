@@ -102,6 +102,7 @@ def _parse_demo(argv):
     (["--gpu", "--engine", "hf"], "--engine hf runs the tiny CPU check only"),
     (["--gpu", "--tiny", "--engine", "hf", "--eval-backend", "vllm"], "the CPU check has no vLLM"),
     (["--gpu", "--budget-s", "0"], "--budget-s must be > 0"),
+    (["--gpu", "--tiny", "--enforce-eager"], "--enforce-eager is for vLLM engines"),
 ])
 def test_misused_flags_are_refused_with_one_line(capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -140,6 +141,9 @@ def test_launcher_flags_are_the_production_layout(classmate):
     assert args.train.batch_size == 512 and args.data.max_samples == 100 * 64  # 100 steps, one optimizer step each
     assert args.ckpt.load_enable and args.ckpt.save_steps == 10 and not args.ckpt.disable_ds
     assert args.data.max_len == s.max_len >= 41 + s.rl.max_new_tokens
+    eager = parse_args(gpu_launcher_argv("/tmp/run", "policy", "train.jsonl", s.rl, 0, None, engine="vllm",
+                                         max_len=s.max_len, enforce_eager=True))
+    assert eager.vllm.enforce_eager
     if classmate:
         assert args.classmate.estimator == "gdpo" and args.classmate.placement == "colocate"
         assert args.vllm.gpu_memory_utilization + args.classmate.gpu_memory_utilization < 1

@@ -35,6 +35,7 @@ class GPUSettings:
     tiny: bool
     engine: str
     eval_backend: str  # cli.evaluate's generation backend for the held-out evaluations
+    enforce_eager: bool  # RL engines without CUDA graphs (a fallback; the production layout captures them)
     compare_grpo: bool
     sizes: G.Sizes
     num_eval: int  # held-out problems
@@ -61,7 +62,7 @@ class GPUSettings:
 
 
 FULL = GPUSettings(
-    seed=0, tiny=False, engine="vllm", eval_backend="vllm", compare_grpo=False, sizes=G.FULL_SIZES, num_eval=400,
+    seed=0, tiny=False, engine="vllm", eval_backend="vllm", enforce_eager=False, compare_grpo=False, sizes=G.FULL_SIZES, num_eval=400,
     eval_samples=8,
     main_sft_steps=1500, classmate_sft_steps=400, sft_batch=256, sft_lr=1e-3, main_pool_problems=24_000,
     classmate_pool_problems=8_000,
@@ -87,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--eval-backend", choices=("vllm", "hf"), default=None,
                      help="with --gpu: generation backend of the held-out evaluations (default: the --engine's; hf "
                           "on a GPU skips two vLLM engine starts per evaluation)")
+    gpu.add_argument("--enforce-eager", action="store_true",
+                     help="with --gpu: RL engines without CUDA graphs (--vllm.enforce_eager), a fallback where their "
+                          "capture fails; the production layout (default) uses them")
     gpu.add_argument("--lr", type=float, default=None, help="with --gpu: the RL learning rate (default 1e-4)")
     gpu.add_argument("--budget-s", type=float, default=None,
                      help="with --gpu: seconds this call may take; a stage that would not fit is left to the next "
@@ -98,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--_stage", default=None, help=argparse.SUPPRESS)  # internal: one stage in a child process
 
 
-GPU_ONLY = ("tiny", "engine", "eval_backend", "lr", "budget_s", "rl_steps_per_call", "fresh", "_stage")
+GPU_ONLY = ("tiny", "engine", "eval_backend", "enforce_eager", "lr", "budget_s", "rl_steps_per_call", "fresh", "_stage")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -115,7 +119,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                      "engines); drop it")
     if args.engine == "hf" and not args.tiny:
         parser.error("--engine hf runs the tiny CPU check only: add --tiny, or use --engine vllm on a GPU machine")
-    if args.eval_backend == "vllm" and args.engine == "hf":
+    engine = args.engine or ("hf" if args.tiny else "vllm")
+    if args.enforce_eager and engine == "hf":
+        parser.error("--enforce-eager is for vLLM engines; the CPU check (--engine hf) has none: drop it")
+    if args.eval_backend == "vllm" and engine == "hf":
         parser.error("--eval-backend vllm with --engine hf: the CPU check has no vLLM; drop --eval-backend")
     for name in ("budget_s", "lr"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
@@ -129,7 +136,7 @@ def settings_from_args(args: argparse.Namespace) -> GPUSettings:
     rl = dataclasses.replace(base.rl, steps=args.steps or base.rl.steps, lr=args.lr or base.rl.lr)
     engine = args.engine or ("hf" if args.tiny else "vllm")
     return dataclasses.replace(base, seed=args.seed, compare_grpo=args.compare_grpo, rl=rl, engine=engine,
-                               eval_backend=args.eval_backend or engine)
+                               eval_backend=args.eval_backend or engine, enforce_eager=args.enforce_eager)
 
 
 def _check_machine(settings: GPUSettings) -> None:
@@ -147,7 +154,7 @@ def _check_machine(settings: GPUSettings) -> None:
     settings.sizes.check_head_dims()
 
 
-PER_CALL = ("eval_backend",)  # may change between calls: each evaluation records the backend it ran on
+PER_CALL = ("eval_backend", "enforce_eager")  # may change between calls: each stage records what it ran with
 
 
 def _check_settings(out: str, settings: GPUSettings) -> None:

@@ -236,7 +236,7 @@ class GPUDemo:
             return True
         argv = gpu_launcher_argv(run_dir, self.main_path, self.path("world", "train.jsonl"), self.s.rl,
                                  self.s.seed, self.classmate_path if run == "classmate" else None,
-                                 engine=self.s.engine, max_len=self.s.max_len)
+                                 engine=self.s.engine, max_len=self.s.max_len, enforce_eager=self.s.enforce_eager)
         resumed = RL.checkpoint_step(run_dir)
         line(f"{'resuming from the checkpoint of step ' + str(resumed) if resumed else 'starting'}: Ray, DeepSpeed "
              f"and the engines (~{self.rl_startup(run):.0f} s) ...")
@@ -257,7 +257,8 @@ class GPUDemo:
         if not set(range(1, steps + 1)) <= logged:
             raise RuntimeError(f"{RUN_TITLES[run]}: steps {sorted(set(range(1, steps + 1)) - logged)} were never "
                                f"logged ({os.path.join(run_dir, 'steps.jsonl')})")
-        mark_done(self.out, f"rl_{run}", {"steps": steps, "resumed_from": resumed})
+        mark_done(self.out, f"rl_{run}", {"steps": steps, "resumed_from": resumed,
+                                          "enforce_eager": self.s.enforce_eager})
         return True
 
     def report(self) -> bool:

@@ -96,19 +96,21 @@ ENGINE_MEMORY = {"policy": 0.2, "classmate": 0.15}  # fractions of the GPU (thos
 
 
 def gpu_launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: int, classmate: str | None, *,
-                      engine: str, max_len: int) -> list[str]:
+                      engine: str, max_len: int, enforce_eager: bool = False) -> list[str]:
     """Flags of one GPU demo run: the production single-GPU layout (``configs/classmate_gdpo.yaml``): actor and
     engines colocated (``--train.colocate_all``), vLLM sleep mode between rollouts, the classmate engine in the
     actor's placement group (``colocate``, sleeping too), CUDA graphs (no ``--vllm.enforce_eager``), and the weight
     sync upstream picks there (CUDA IPC under ``colocate_all`` with ``--vllm.sync_backend nccl``). DeepSpeed
     checkpoints every ``cfg.save_every`` steps and ``--ckpt.load_enable``, so a stopped run resumes where it
-    stopped. ``engine="hf"``: the same flags with HF-transformers engines and gloo (the CPU check)."""
+    stopped. ``engine="hf"``: the same flags with HF-transformers engines and gloo (the CPU check).
+    ``enforce_eager``: no CUDA graphs (a fallback for a machine where their capture fails)."""
     argv = _run_argv(run_dir, policy, prompts, cfg, seed, classmate, max_len) + [
         "--train.colocate_all", "--vllm.enable_sleep", "--engine.backend", engine,
         "--ckpt.max_num", "2", "--ckpt.load_enable",
     ]
     if engine == "vllm":
         argv += ["--vllm.sync_backend", "nccl", "--vllm.gpu_memory_utilization", str(ENGINE_MEMORY["policy"])]
+        argv += ["--vllm.enforce_eager"] if enforce_eager else []
     else:
         argv += ["--vllm.sync_backend", "gloo",
                  "--engine.hf_max_batch", str(cfg.prompts_per_step * cfg.samples_per_prompt)]
