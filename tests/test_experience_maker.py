@@ -730,3 +730,25 @@ def test_bench_alternation_runs_the_classmate_on_odd_batches_and_plain_grpo_on_e
     monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
     with pytest.raises(ValueError, match="single-advantage estimator"):
         _maker(_args(world, "--classmate.estimator", "separated"), world.tok, fake_ray)
+
+
+@pytest.mark.parametrize("classmate", [False, True])
+def test_each_rollout_batch_measures_the_engines_log_probs_against_the_actors(world, fake_ray, classmate):
+    """The mismatch statistics (issue 25) of a rollout batch that upstream splits into micro-batches of 5, 5 and 2
+    samples of different widths, against the same numbers worked out sample by sample."""
+    samples = _rollout(world.tok)
+    d = torch.cat([(actor_log_probs(s.sequences) - s.rollout_log_probs)[s.action_mask.bool()].double()
+                   for s in samples])
+    grpo = ["--algo.advantage.estimator", "group_norm"]
+    maker, _ = _maker(_args(world, *grpo, classmate=classmate), world.tok, [], classmate=classmate)
+    maker.make_experience_batch(samples)
+    m = maker.last_mismatch
+    assert m.tokens == d.numel() == sum(int(s.action_mask.sum()) for s in samples)
+    assert m.abs_diff_mean == pytest.approx(float(d.abs().mean()), abs=1e-7)
+    assert m.abs_diff_max == pytest.approx(float(d.abs().max()), abs=1e-7)
+    assert m.kl_k3 == pytest.approx(float((d.exp() - 1 - d).mean()), abs=1e-7)
+    assert 0.01 < m.abs_diff_mean < 0.03  # the cosine term of the fixture's rollout log-probs
+    off, _ = _maker(_args(world, *grpo, "--engine.no_mismatch_metrics", classmate=classmate), world.tok, [],
+                    classmate=classmate)
+    off.make_experience_batch(_rollout(world.tok))
+    assert off.last_mismatch is None

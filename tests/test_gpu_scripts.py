@@ -65,8 +65,10 @@ def test_the_plans_cover_issue_13s_list(gpu_validate):
 def test_step_time_runs_parse(gpus, classmate):
     step_time = _bench("step_time")
     a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
-                        train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=gpus)
+                        train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=gpus, mismatch="on",
+                        is_correction="off")
     args = parse_args(step_time.launcher_argv(a, "policy", "classmate" if classmate else None, "d.jsonl", "/tmp/x"))
+    assert not args.engine.no_mismatch_metrics and args.algo.advantage.is_correction_level == "off"
     assert args.rollout.batch_size * args.rollout.n_samples_per_prompt == args.train.batch_size == 256
     assert args.rollout.max_new_tokens == 512 and args.algo.kl.init_coef > 0  # a reference model: ref forwards
     assert bool(args.train.colocate_all) == (gpus == 1)
@@ -75,6 +77,19 @@ def test_step_time_runs_parse(gpus, classmate):
         assert args.classmate.placement == ("colocate" if gpus == 1 else "share")
     else:
         assert args.algo.advantage.estimator == "group_norm" and not args.classmate.model_name_or_path
+
+
+def test_step_time_mismatch_variants_parse_and_keep_apart():
+    # the GPU before/after pair of issue 25: metrics on (default), off (upstream's request), upstream's IS request
+    step_time = _bench("step_time")
+    seen = {}
+    for mismatch, is_correction in (("on", "off"), ("off", "off"), ("off", "token")):
+        a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
+                            train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=1, mismatch=mismatch,
+                            is_correction=is_correction)
+        args = parse_args(step_time.launcher_argv(a, "policy", None, "d.jsonl", "/tmp/x"))
+        seen[step_time.variant(a)] = (args.engine.no_mismatch_metrics, args.algo.advantage.is_correction_level)
+    assert seen == {"": (False, "off"), "_mismatch-off": (True, "off"), "_mismatch-off_is-token": (True, "token")}
 
 
 def test_qwen_shaped_tokenizer_has_exactly_qwens_vocabulary(tmp_path):
@@ -150,3 +165,10 @@ def test_interleaved_step_times_split_by_kind_with_medians_and_pairs():
     assert out["ratio"] == 1.3
     # pairs: 26/20, 24/19, 28/21
     assert out["paired"] == {"median": 1.3, "min": round(24 / 19, 3), "max": round(28 / 21, 3), "n": 3}
+
+
+def test_vllm_logprobs_overhead_needs_a_real_vllm():
+    # it times vLLM's own output path; under the CPU shim it says so in one line instead of failing half-way
+    res = subprocess.run([sys.executable, "bench/vllm_logprobs_overhead.py", "--tokenizer", "none"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: this benchmark runs vLLM")

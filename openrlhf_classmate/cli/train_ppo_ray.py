@@ -14,7 +14,7 @@ import os
 import sys
 
 import openrlhf_classmate  # noqa: F401  (CPU shims first)
-from openrlhf_classmate.integration import patches
+from openrlhf_classmate.integration import mismatch, patches
 from openrlhf_classmate.integration.args import ConfigError, parse_args
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
@@ -145,6 +145,10 @@ class EngineFactory:
             # the registry reward scores the answer split on token ids, not upstream's decoded query text
             # (a user's --train.agent_func_path is never replaced: upstream then ignores the reward url)
             bound["agent_func_path"] = POLICY_EXECUTOR_PATH
+        if mismatch.enabled(self.args) and not bound.get("logprobs_mode"):
+            # the sampled tokens' log-probs after temperature, as the actor computes them (upstream asks for the same
+            # mode, and only that, with --algo.advantage.is_correction_level)
+            bound["logprobs_mode"] = mismatch.ENGINE_LOGPROBS_MODE
         if (classmate_enabled(self.args) and self.args.classmate.placement == "share"
                 and bound.get("shared_pg") is None and self.args.engine.backend != "hf"):
             import ray

@@ -273,6 +273,24 @@ class EngineConfig:
         default=64, metadata={"help": "hf backend: most requests batched in one generate call (memory vs speed)",
                               "range": POSITIVE_INT}
     )
+    no_mismatch_metrics: bool = field(
+        default=False,
+        metadata={"help": "turn off the per-step train-inference mismatch metrics (mismatch/logprob_abs_diff_mean, "
+                          "_max, mismatch/kl_k3: the policy engines' log-probs of the sampled tokens against the "
+                          "actor's). On, each rollout request asks the engine for the sampled token's log-prob only, "
+                          "with one final output per request and (without --train.agent_func_path) no detokenised "
+                          "text; off, upstream's request is sent unchanged. Cost: vLLM's per-token log-prob path in "
+                          "Python, a third to a half of what upstream's --algo.advantage.is_correction_level request "
+                          "adds (README, 'Train-inference mismatch')"},
+    )
+    mismatch_warn_threshold: float = field(
+        default=0.1,
+        metadata={"help": "one warning line naming the step when mismatch/logprob_abs_diff_mean (nats per response "
+                          "token) exceeds this. Engines in bf16 on the trained weights stay well below it (README: the "
+                          "levels measured); engines that missed weight syncs drift above it as the policy moves, and "
+                          "weights that never arrived, or arrived corrupted or in part, give values near 1",
+                  "range": Bound(lo=0, lo_open=True)},
+    )
 
 
 def add_classmate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -364,6 +382,10 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm divides each sequence's token sum by a fixed T = "
               "--rollout.max_new_tokens: set --rollout.max_new_tokens")
     _check_think_tags(args)
+    engine = args.engine
+    if engine.no_mismatch_metrics and engine.mismatch_warn_threshold != EngineConfig.mismatch_warn_threshold:
+        _fail("--engine.mismatch_warn_threshold warns on the mismatch metrics, which --engine.no_mismatch_metrics "
+              "turns off: drop one of the two")
     if not classmate_enabled(args):
         for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):
             if getattr(cfg, name) != default:

@@ -171,6 +171,7 @@ class ClassmateStage:
 
     def _sampling_params(self, seed: int):
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
             temperature=self.cfg.temperature,
@@ -180,6 +181,11 @@ class ClassmateStage:
             seed=seed,
             prompt_logprobs=0 if self.vanilla else None,
             skip_special_tokens=True,
+            # the classmate executor reads the finished answer's token ids only (the stage decodes them itself):
+            # one output per request instead of a cumulative copy per generated token, and no incremental
+            # detokenisation in the engine's single Python thread, which otherwise sets the pace of a decode step
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,
         )
 
     def _engine(self, k: int):

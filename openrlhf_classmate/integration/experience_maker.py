@@ -38,6 +38,7 @@ from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from openrlhf_classmate.algo.advantages import SEPARATED, compute_advantages, group_std, whiten_tokens
+from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
 from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
 
@@ -110,6 +111,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             raise ValueError("OPENRLHF_CLASSMATE_BENCH_ALTERNATE needs a single-advantage estimator (gdpo, grpo, ...): "
                              "the separated losses cannot train a step without classmate advantages")
         self._batches_made = 0
+        self.last_mismatch = None  # the last batch's train-inference mismatch (integration.mismatch), read once
 
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
@@ -127,6 +129,14 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         for sample in rollout_samples:
             label = parse_label(sample.labels[0])
             get_scorer(label["data_source"] if override == "auto" else override).check_label(label)
+
+    @torch.no_grad()
+    def make_experience(self, samples_list):
+        # upstream's forward passes give the actor's old log-probs; the engines' log-probs of the same tokens came
+        # with the rollout: their difference is the step's train-inference mismatch
+        experiences = super().make_experience(samples_list)
+        self.last_mismatch = mismatch.measure(experiences) if mismatch.enabled(self.args) else None
+        return experiences
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences):

@@ -20,6 +20,8 @@ upstream name                                    rebound to / why
 ``ppo_trainer_async``                            scores out), in the controller / rollout actor's process
 ``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
                                                  ``*_hf`` folders rotate with ``--ckpt.max_num``)
+``samples_generator.SamplingParams`` (the        rollout requests with the sampled token's log-prob (the
+process that generates rollouts)                 ``mismatch/*`` metrics, ``integration/mismatch.py``)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
 ===============================================  ==========================================================
 
@@ -241,6 +243,16 @@ def install_samples_generator() -> None:
         if not hasattr(module, "SamplesGenerator"):
             raise UpstreamChangedError(f"{module.__name__}.SamplesGenerator is gone")
         module.SamplesGenerator = ClassmateSamplesGenerator
+
+
+def install_rollout_sampling_params(factory) -> None:
+    """Make upstream's ``SamplesGenerator._dispatch_prompts_to_vllm`` build its requests with ``factory`` (its
+    keyword arguments are ``vllm.SamplingParams``'s); call in the process that generates rollouts."""
+    import openrlhf.trainer.ppo_utils.samples_generator as samples_generator
+
+    if not hasattr(samples_generator, "SamplingParams"):
+        raise UpstreamChangedError("openrlhf.trainer.ppo_utils.samples_generator.SamplingParams is gone")
+    samples_generator.SamplingParams = factory
 
 
 def install_async_actors(generator, trainer) -> None:

@@ -24,6 +24,7 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
 from openrlhf.utils.logging_utils import init_logger
 
+from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
 
 logger = init_logger(__name__)
@@ -80,6 +81,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, classmate_tokenizers(args),
                                    scorer=scorer)
         self.classmate_stage = stage
+        mismatch.install_rollout_request(args)  # the sync controller generates the rollouts
         from openrlhf_classmate.integration.reward_methods import build_reward_hooks, evaluate_with_validation_rewards
 
         if hasattr(self, "samples_generator"):  # sync; in async runs the rollout actor evaluates
@@ -121,7 +123,23 @@ class ClassmateControllerMixin(BasePPOTrainer):
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
         status["skipped_invalid_step"] = 0.0
         status.update(self._judge_health(main, next_step))
+        status.update(self._mismatch(next_step))
         return status, next_step
+
+    def _mismatch(self, step: int) -> dict[str, float]:
+        """The step's ``mismatch/*`` metrics; one warning line when they cross ``--engine.mismatch_warn_threshold``."""
+        maker = getattr(self, "experience_maker", None)
+        if maker is None:
+            return {}
+        measured, maker.last_mismatch = maker.last_mismatch, None
+        if measured is None and mismatch.enabled(self.args) and not getattr(self, "_reported_no_mismatch", False):
+            self._reported_no_mismatch = True
+            logger.warning(f"step {step}: no mismatch/* metrics: the rollouts came without the engines' log-probs "
+                           "(a --train.agent_func_path agent that returns no rollout_log_probs?)")
+        metrics, warning = mismatch.step_report(measured, step, self.args.engine.mismatch_warn_threshold)
+        if warning:
+            logger.warning(warning)
+        return metrics
 
     def _judge_health(self, main, step: int) -> dict[str, float]:
         """The step's judge metrics; one warning line when a judge request or a score failed (trained or skipped)."""
@@ -222,6 +240,8 @@ class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
         patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
         from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
+
+        mismatch.install_rollout_request(strategy.args)  # async: this actor generates the rollouts
 
         evaluate_with_validation_rewards(self.samples_generator)  # async evaluation runs here (TinyV: weight 1)
         self.classmate_stage = None
