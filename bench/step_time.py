@@ -225,7 +225,10 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
     if code != 0:
         row["log_tail"] = _tail(log, 60)
-        return row
+        if not (interleave and os.path.isdir(os.path.join(root, "tb"))):
+            return row
+        # an interleaved run stopped by its time limit: the steps it logged are complete measurements
+        row["partial"] = True
     tb = tensorboard_scalars(os.path.join(root, "tb"))
     row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
     row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
@@ -322,8 +325,10 @@ def print_interleaved(result: dict) -> None:
           f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps "
           f"GRPO {row.get('grpo', {}).get('steps')} / GDPO {row.get('gdpo', {}).get('steps')}")
     if row.get("exit") != 0:
-        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}")
-        return
+        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}"
+              + (" - the steps it logged before stopping:" if row.get("partial") else ""))
+        if "gdpo" not in row:
+            return
 
     def cell(kind: str, tag: str) -> str:
         st = row[kind]["stats"].get(tag)

@@ -13,6 +13,7 @@ import pytest
 
 from openrlhf_classmate.config_fields import Bound, add_dataclass_group, option_help
 from openrlhf_classmate.integration.args import build_parser, parse_args
+from openrlhf_classmate.integration.chunked_actor import LogprobsConfig
 from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
 from openrlhf_classmate.integration.preflight import RANGES
 from openrlhf_classmate.rewards.darling import DarlingConfig
@@ -89,7 +90,7 @@ def _numeric(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "int" in str(f.type) or "float" in str(f.type)]
 
 
-@pytest.mark.parametrize("cls", [TinyVConfig, DarlingConfig, VrcliConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [TinyVConfig, DarlingConfig, VrcliConfig, LogprobsConfig], ids=lambda c: c.__name__)
 def test_every_numeric_option_of_the_reward_method_groups_has_a_range(cls):
     assert [f.name for f in _numeric(cls) if "range" not in f.metadata] == []
 
@@ -118,9 +119,10 @@ ENABLE = {
     "darling.ngram": ["--algo.advantage.estimator", "dr_grpo", "--darling.diversity", "ngram"],
     "vrcli": ["--algo.kl.init_coef", "1e-6", "--data.label_key", "label", "--vrcli.enable", "--vrcli.baseline",
               "online"],
+    "logprobs": ["--logprobs.chunked"],
 }
 CASES = [(prefix, f.name, value) for prefix, cls in (("tinyv", TinyVConfig), ("darling", DarlingConfig),
-                                                     ("vrcli", VrcliConfig))
+                                                     ("vrcli", VrcliConfig), ("logprobs", LogprobsConfig))
          for f in _numeric(cls) for value in _outside(f)]
 
 
@@ -135,7 +137,7 @@ def test_the_launch_checks_refuse_a_value_just_outside_the_range_the_help_states
 # ── every number finite (issue 24): one type for every float flag, one check for every group's field ──
 
 GROUPS = [("classmate", ClassmateConfig), ("engine", EngineConfig), ("tinyv", TinyVConfig), ("darling", DarlingConfig),
-          ("vrcli", VrcliConfig)]
+          ("vrcli", VrcliConfig), ("logprobs", LogprobsConfig)]
 # (prefix, field, value); a field of two values gets the bad one first (argparse would read a second '-inf' as an
 # option, so those fields get nan and inf only)
 NON_FINITE = [(prefix, f.name, value) for prefix, cls in GROUPS for f in dataclasses.fields(cls)

@@ -115,9 +115,10 @@ def test_gpu_validate_sh_parses_and_refuses_unknown_steps(tmp_path):
     assert res.returncode == 2 and "unknown step 'nonsense'" in res.stdout
     assert (tmp_path / "out" / "device.txt").read_text().startswith(("no GPU", "NVIDIA"))
     # a step that needs the carried vLLM refuses clearly on a machine without it
-    res = subprocess.run(["bash", "bench/gpu_validate.sh", "evaluate"], cwd=REPO, capture_output=True, text=True,
-                         env={**env, "VLLM_SITE": str(tmp_path / "none")}, timeout=120)
-    assert res.returncode == 3 and "the machine is fresh" in res.stdout
+    for step in ("evaluate", "gpudemo"):
+        res = subprocess.run(["bash", "bench/gpu_validate.sh", step], cwd=REPO, capture_output=True, text=True,
+                             env={**env, "VLLM_SITE": str(tmp_path / "none")}, timeout=120)
+        assert res.returncode == 3 and "the machine is fresh" in res.stdout, (step, res.stdout)
 
 
 def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, monkeypatch):

@@ -1,4 +1,6 @@
-"""Policy actor side: ``ClassmatePolicyModelActor`` and its trainer ``ClassmateActorPPOTrainer``.
+"""Policy actor side: ``ClassmatePolicyModelActor`` and its trainer ``ClassmateActorPPOTrainer``; the reference
+worker ``ClassmateReferenceModelActor``. Both workers build the chunked-log-prob ``Actor`` with ``--logprobs.chunked``
+(``integration/chunked_actor.py``).
 
 Upstream's ``training_step`` calls ``self.actor_loss_fn(log_probs, old_log_probs, advantages, action_mask=...,
 rollout_log_probs=..., **loss_batch_info)`` and never passes the rest of the micro-batch. ``ClassmateActorPPOTrainer``
@@ -11,9 +13,11 @@ keyword arguments, so ``training_step`` itself is not copied. Anything the loss 
 from __future__ import annotations
 
 import torch
+from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
+from openrlhf_classmate.integration.chunked_actor import ChunkedLogprobActor, install_chunked_actor
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.patches import install_actor_trainer
 
@@ -109,11 +113,14 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
 class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         install_actor_trainer(ClassmateActorPPOTrainer)
+        chunked = install_chunked_actor(strategy.args)
         if strategy.args.engine.backend == "hf":
             vllm_engines = None  # HF engines get weights from the controller through the object store
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         if not isinstance(self.trainer, ClassmateActorPPOTrainer):
             raise RuntimeError("upstream no longer builds ActorPPOTrainer through the module global we rebind")
+        if chunked and not isinstance(self.actor, ChunkedLogprobActor):
+            raise RuntimeError("upstream no longer builds the policy's Actor through the module global we rebind")
 
     def hf_engine_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere; with
@@ -161,3 +168,14 @@ def engine_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             value = value + deltas[key].to(value.dtype)
         merged[key.replace(".base_layer.", ".")] = value.to("cpu", copy=True)
     return merged
+
+
+class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
+    """Upstream's reference worker; with ``--logprobs.chunked`` its ``Actor`` (the reference forward and VR-CLI's
+    NLLs) computes log-probs through the chunked LM head."""
+
+    def init_model_from_pretrained(self, strategy, pretrain):
+        chunked = install_chunked_actor(strategy.args)
+        super().init_model_from_pretrained(strategy, pretrain)
+        if chunked and not isinstance(self.model, ChunkedLogprobActor):
+            raise RuntimeError("upstream no longer builds the reference Actor through the module global we rebind")

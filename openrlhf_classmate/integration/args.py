@@ -22,6 +22,7 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
     build_parser()
       exec upstream's statements before parse_args()   -> upstream's parser, every upstream flag and default
       add --config, --check and our groups             -> --classmate.* --engine.* --tinyv.* --darling.* --vrcli.*
+                                                          --logprobs.*
     --config FILE.yaml -> argv tokens, placed before the command line (explicit flags win)
     parser.parse_args(argv)                            -> flat namespace, keys "actor.adam.lr", ...
       (every float: finite_float, NaN / inf refused)
@@ -37,6 +38,7 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
                                                           where they cannot work (integration/model_options.py)
     validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
                                                           engine reward for a pending one, logged)
+    validate_logprobs_args                             -> --logprobs.* checks (the model's config: preflight)
     check_sampling_args                                -> every sampling setting through vLLM's SamplingParams
 
 The launcher (``cli/train_ppo_ray.py``) then runs the preflight and starts Ray.
@@ -56,6 +58,7 @@ from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
 from openrlhf_classmate.config_fields import field_problem, refuse_non_finite
+from openrlhf_classmate.integration.chunked_actor import add_logprobs_arguments, validate_logprobs_args
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,
@@ -84,13 +87,14 @@ range of -inf inf clips nothing); NaN is refused there too."""
 
 def flag_groups() -> tuple[tuple[str, type], ...]:
     """Our flag groups: (prefix, config dataclass)."""
+    from openrlhf_classmate.integration.chunked_actor import LogprobsConfig
     from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
     from openrlhf_classmate.rewards.darling import DarlingConfig
     from openrlhf_classmate.rewards.vrcli import VrcliConfig
     from openrlhf_classmate.scoring.tinyv import TinyVConfig
 
     return (("classmate", ClassmateConfig), ("engine", EngineConfig), ("tinyv", TinyVConfig),
-            ("darling", DarlingConfig), ("vrcli", VrcliConfig))
+            ("darling", DarlingConfig), ("vrcli", VrcliConfig), ("logprobs", LogprobsConfig))
 
 
 def check_flag_groups(args: SimpleNamespace) -> None:
@@ -169,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_classmate_arguments(parser)
     add_reward_method_arguments(parser)
     add_vrcli_arguments(parser)
+    add_logprobs_arguments(parser)
     # upstream's float flags too: NaN / inf never; inf only where it means "no limit"
     refuse_non_finite(parser, allow_inf=INFINITE_OK)
     parser.error = _one_line_error  # type: ignore[method-assign]
@@ -375,5 +380,6 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     validate_model_options(args)
     validate_reward_method_args(args)
     validate_vrcli_args(args)
+    validate_logprobs_args(args)
     check_sampling_args(args)
     return args

@@ -8,8 +8,11 @@ upstream name                                    rebound to / why
 ===============================================  ==========================================================
 ``Experience`` in the five batching modules      :class:`ClassmateExperience` (else new fields are dropped)
 ``ppo_actor.ActorPPOTrainer`` (actor workers)    ``ClassmateActorPPOTrainer`` (classmate losses)
+``ppo_actor.Actor``, ``launcher.Actor``          ``ChunkedLogprobActor`` in the actor / reference workers, only with
+(actor and reference workers)                    ``--logprobs.chunked`` (log-probs through the chunked LM head)
 ``cli.train_ppo_ray.create_vllm_engines``        dispatch to the HF engine when the backend is ``hf``
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
+``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (installs ``--logprobs.chunked``)
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
 ``vllm_engine.RolloutRayActor``                  ``CountingRolloutActor`` (counts weight updates per engine)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
@@ -52,6 +55,9 @@ UPSTREAM_SHA256 = {
     "trainer/ray/vllm_engine.py": "8795d66373861f914a457e2b8e4f4739bd4c3e9c1a9aa34301440d495a5d9939",
     "trainer/ray/launcher.py": "67c202f4ed826332348392bdf96acb5dfccdfda857556e80ba7118078a7b5ec3",
     "models/loss.py": "a6dd82c27e8b1711c6a33b6acd0319be25df9f9d54e2326b950d8f2131060860",
+    "models/actor.py": "4c9522114e57caf424a607235e17d8c7357e64e3fcb1cef5d083d3c880d8f975",
+    "models/utils.py": "bb0c73194c8a14173ebe15dff103f5a9440eb766f373444101a03ee9fca4af87",
+    "models/ring_attn_utils.py": "f0ec7490fd7b7ce5f07e34a8bf96d68630e9274498356da927c551a29d26d8cc",
     "utils/agent.py": "bfe2cfefc53c664c1e66e3a60ab7683be8c4fc87064b1169275c339bf9d47331",
     "utils/deepspeed/deepspeed.py": "d43196e47227157d584e34a84a0471f9620b418add0365e8efb2ef24a6467f53",
     "utils/utils.py": "5a5e651101f207b66f9e42a4982d1d492a555ec8aa49db98f6fe12d901a690d2",
@@ -115,6 +121,18 @@ def install_actor_trainer(trainer_cls: type) -> None:
     if not hasattr(ppo_actor, "ActorPPOTrainer"):
         raise UpstreamChangedError("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer is gone")
     ppo_actor.ActorPPOTrainer = trainer_cls
+
+
+def install_actor_model(actor_cls: type) -> None:
+    """Make ``PolicyModelActor`` / ``ReferenceModelActor.init_model_from_pretrained`` build ``actor_cls`` where
+    they build upstream's ``Actor`` (call in the worker, before them)."""
+    import openrlhf.trainer.ray.launcher as launcher
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+
+    for module in (ppo_actor, launcher):
+        if not hasattr(module, "Actor"):
+            raise UpstreamChangedError(f"{module.__name__} no longer has a module-global `Actor` to rebind")
+        module.Actor = actor_cls
 
 
 # ── CPU runtime (no CUDA): the four runtime patches of the extension doc §4.2 ──
@@ -202,7 +220,7 @@ def install_vllm_engine_counter() -> None:
         vllm_engine.RolloutRayActor = ray.remote(CountingRolloutActor)
 
 
-def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
+def install_launcher(create_engines, policy_actor_cls, trainer_factory, reference_actor_cls=None) -> None:
     """Rebind the names upstream ``train()`` looks up at call time (see the table in the module docstring)."""
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
@@ -210,7 +228,8 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
 
     from openrlhf_classmate.integration.strategy import get_strategy
 
-    for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train", "get_strategy"):
+    for name in ("create_vllm_engines", "PolicyModelActor", "ReferenceModelActor", "placement_group", "train",
+                 "get_strategy"):
         if not hasattr(cli, name):
             raise UpstreamChangedError(f"openrlhf.cli.train_ppo_ray.{name} is gone")
     real_pg = cli.placement_group
@@ -224,6 +243,8 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     install_vllm_engine_counter()
     cli.create_vllm_engines = create_engines
     cli.PolicyModelActor = policy_actor_cls
+    if reference_actor_cls is not None:
+        cli.ReferenceModelActor = reference_actor_cls
     if not hasattr(ppo_trainer_async, "PPOTrainerAsync"):
         raise UpstreamChangedError("openrlhf.trainer.ppo_trainer_async.PPOTrainerAsync is gone")
     cli.get_strategy = get_strategy

@@ -326,6 +326,24 @@ def check_resume(args: SimpleNamespace, report: PreflightReport) -> None:
     report.lines.append(f"--ckpt.load_enable: resumes from {os.path.join(load_dir, choice.tag)}")
 
 
+def check_chunked_logprobs_model(args: SimpleNamespace, report: PreflightReport) -> None:
+    """``--logprobs.chunked``: the policy's config has a plain LM head (local folders; a hub id is checked when the
+    workers load it)."""
+    from openrlhf_classmate.integration.chunked_actor import check_model_config
+
+    path = args.actor.model_name_or_path
+    if getattr(args, "logprobs", None) is None or not args.logprobs.chunked:
+        return
+    if not os.path.isdir(os.path.expanduser(path)):
+        report.lines.append(f"--logprobs.chunked: {path} is a hub id, its LM head is checked when the workers load it")
+        return
+    try:
+        line = check_model_config(args)
+    except SystemExit as e:
+        raise PreflightError(str(e).removeprefix("error: ")) from None
+    report.lines.append(line)
+
+
 # ── all of it ────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -355,4 +373,5 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     check_vocab_sizes(args, tokenizers)
     check_datasets(args, report, tokenizers)
     check_tokenizers(args, report, tokenizers=tokenizers)
+    check_chunked_logprobs_model(args, report)
     return report
