@@ -333,16 +333,21 @@ def test_a_given_judge_url_is_checked_and_its_model_name_read(tmp_path, tiny):
 def test_dry_run_runs_the_real_preflight_and_stops_on_bad_data(tmp_path, tiny):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"prompt": "1 + 1 = ?", "label": "{\\"data_source\\": \\"gsm8kk\\"}"}\n')
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
     # both models local: the script's default classmate is a hub id, which the preflight would look up on the hub
     # (no network here: ~47 s of retries before the data check)
-    env.update(DRY_RUN="1", PYTHON=sys.executable, MODEL=tiny["policy"], CLASSMATE_MODEL=tiny["classmate"],
-               DATA=str(bad), EVAL_DATA="", GPUS_PER_NODE="1", OUTPUT_DIR=str(tmp_path / "out"))
-    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gsm8k.sh")], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {"MODEL": tiny["policy"], "CLASSMATE_MODEL": tiny["classmate"], "DATA": str(bad), "EVAL_DATA": "",
+           "GPUS_PER_NODE": "1", "OUTPUT_DIR": str(tmp_path / "out")}
+    # the script's preflight call answers as the real preflight does (exit 1, its report on stderr) ...
+    proc, checks = _script_with_recorded_preflight("classmate_gsm8k", env, preflight_exit=1)
     assert proc.returncode == 1
-    assert f"error: {bad}:1: field 'label'" in proc.stderr and "Did you mean 'gsm8k'" in proc.stderr
+    assert RECORDED_REFUSAL in proc.stderr  # the preflight's report reaches the user
+    assert "the launcher's preflight refused the run" in proc.stderr
     assert "+ " not in proc.stdout  # no command printed: nothing would start
+    # ... and the real preflight on the flags the script checked refuses the bad data, naming file:line and the fix
+    (check,) = checks
+    code, report = _real_preflight(check)
+    assert code == 1
+    assert f"error: {bad}:1: field 'label'" in report and "Did you mean 'gsm8k'" in report
 
 
 FAKE_CODE_LAUNCHER = r'''#!/usr/bin/env bash
@@ -444,7 +449,9 @@ def tiny(tmp_path_factory):
 
 # the scripts' python in the dry runs: the preflight call (``--check``) is recorded (flags and the launcher's
 # environment), not run; the test runs the real preflight in-process on exactly those flags, without a second
-# interpreter importing torch, Ray and DeepSpeed for it (~8 s of CPU per script); any other call is the real python
+# interpreter importing torch, Ray and DeepSpeed for it (~8 s of CPU per script); any other call is the real python.
+# With PREFLIGHT_EXIT set, the recorded call answers as a refusing preflight does: a report on stderr, that exit code.
+RECORDED_REFUSAL = "error: (the recorded preflight refuses the run)"
 RECORDING_PYTHON = """#!{python}
 import json, os, sys
 PREFLIGHT = ["-m", "openrlhf_classmate.cli.train_ppo_ray", "--check"]
@@ -452,13 +459,16 @@ if sys.argv[1:4] == PREFLIGHT:
     env = {{k: v for k, v in os.environ.items() if k.startswith(("OPENRLHF_CLASSMATE_", "DARLING_", "TINYV_", "VRCLI_"))}}
     with open(os.environ["PREFLIGHT_RECORD"], "a") as f:
         f.write(json.dumps({{"flags": sys.argv[4:], "env": env, "cwd": os.getcwd()}}) + "\\n")
-    sys.exit(0)
+    code = int(os.environ.get("PREFLIGHT_EXIT", "0"))
+    if code:
+        print({refusal!r}, file=sys.stderr)
+    sys.exit(code)
 os.execv({python!r}, [{python!r}, *sys.argv[1:]])
 """
 
 
-def _real_preflight(record: dict) -> str:
-    """The launcher's preflight on a recorded ``--check`` call, in-process; returns what it printed."""
+def _real_preflight(record: dict) -> tuple[int, str]:
+    """The launcher's preflight on a recorded ``--check`` call, in-process: its exit code and what it printed."""
     import contextlib
     import io
     from unittest import mock
@@ -466,33 +476,47 @@ def _real_preflight(record: dict) -> str:
     from openrlhf_classmate.cli import train_ppo_ray
 
     out = io.StringIO()
+    code = 0
     with mock.patch.dict(os.environ, record["env"]), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         cwd = os.getcwd()
         os.chdir(record["cwd"])
         try:
             train_ppo_ray.main(["--check", *record["flags"]])
         except SystemExit as e:
-            pytest.fail(f"the preflight refused the dry run's command: {e}\n{out.getvalue()}")
+            code = e.code if isinstance(e.code, int) else 1
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=out)  # sys.exit("error: ...") prints its message to stderr
         finally:
             os.chdir(cwd)
-    return out.getvalue()
+    return code, out.getvalue()
+
+
+def _script_with_recorded_preflight(script: str, env: dict, *args: str,
+                                    preflight_exit: int = 0) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run ``script`` with DRY_RUN=1 and the recording python; returns the finished process and the recorded
+    preflight calls."""
+    full = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    with tempfile.TemporaryDirectory(prefix="dry_run_") as bindir:
+        python = os.path.join(bindir, "python")
+        with open(python, "w") as f:
+            f.write(RECORDING_PYTHON.format(python=sys.executable, refusal=RECORDED_REFUSAL))
+        os.chmod(python, 0o755)
+        full.update(DRY_RUN="1", PYTHON=python, PREFLIGHT_RECORD=os.path.join(bindir, "preflight.jsonl"),
+                    PREFLIGHT_EXIT=str(preflight_exit), **env)
+        proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
+                              text=True, timeout=300)
+        checks = []
+        if os.path.exists(full["PREFLIGHT_RECORD"]):
+            with open(full["PREFLIGHT_RECORD"]) as f:
+                checks = [json.loads(line) for line in f]
+    return proc, checks
 
 
 def _dry_run(script: str, env: dict, *args: str) -> tuple[list[str], list[str], str]:
     """Run ``script`` with DRY_RUN=1; returns the launcher command it printed, the server commands, and what the
     real preflight printed for the flags the script checked (which must be those of the printed command)."""
-    full = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
-    with tempfile.TemporaryDirectory(prefix="dry_run_") as bindir:
-        python = os.path.join(bindir, "python")
-        with open(python, "w") as f:
-            f.write(RECORDING_PYTHON.format(python=sys.executable))
-        os.chmod(python, 0o755)
-        full.update(DRY_RUN="1", PYTHON=python, PREFLIGHT_RECORD=os.path.join(bindir, "preflight.jsonl"), **env)
-        proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        with open(full["PREFLIGHT_RECORD"]) as f:
-            checks = [json.loads(line) for line in f]
+    proc, checks = _script_with_recorded_preflight(script, env, *args)
+    assert proc.returncode == 0, proc.stderr
     commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     launcher = [c for c in commands if "openrlhf_classmate.cli.train_ppo_ray" in c]
     assert len(launcher) == 1, proc.stdout
@@ -500,8 +524,8 @@ def _dry_run(script: str, env: dict, *args: str) -> tuple[list[str], list[str], 
     servers = [c for c in commands if c is not cmd]
     # the script ran the preflight once, on the flags it launches with
     assert len(checks) == 1 and checks[0]["flags"] == _launcher_flags(cmd), (checks, cmd)
-    report = _real_preflight(checks[0])
-    assert "check passed: the run would start" in report, report
+    code, report = _real_preflight(checks[0])
+    assert code == 0 and "check passed: the run would start" in report, report
     return cmd, [" ".join(s) for s in servers], report
 
 
