@@ -69,9 +69,11 @@ env_setup() {
   export PYTHONPATH="$VLLM_SITE:$WHEEL_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not carried
-  # DeepSpeed's JIT cannot parse arch suffixes such as the image's "9.0a": use the device's plain capability
+  # DeepSpeed's JIT cannot parse arch suffixes such as the image's "9.0a": use the device's plain capability (asked
+  # only where nvidia-smi sees a GPU: elsewhere the probe would only cost a torch import)
   local arch
-  arch="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null)" \
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
+    && arch="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null)" \
     && export TORCH_CUDA_ARCH_LIST="$arch"
 }
 env_setup
