@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -72,8 +73,10 @@ def _max_diff(a, b) -> float:
 def test_shell_script_converts_the_e2e_checkpoint_like_the_hf_save(run, tmp_path):
     ckpt = os.path.join(run["root"], "ckpt")
     out = str(tmp_path / "step2")
+    # the interpreter running the tests (the script's default is the checkout's .venv, which a worktree may lack)
     proc = subprocess.run(["bash", os.path.join(REPO, "train_scripts", "convert_checkpoint.sh"), ckpt, out,
-                           "global_step2"], capture_output=True, text=True, timeout=300)
+                           "global_step2"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[proc.stdout.index("{\n"):])
     assert report["verified"] and report["tag"] == "global_step2" and report["max_weight_diff"] == 0.0
