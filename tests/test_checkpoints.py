@@ -126,8 +126,10 @@ def test_launcher_rebinds_get_strategy(monkeypatch):
     from openrlhf_classmate.integration import patches
     from openrlhf_classmate.integration.strategy import get_strategy
 
-    for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "placement_group"),
-                         (cli, "get_strategy"), (ppo_trainer, "PPOTrainer")):
+    for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "ReferenceModelActor"),
+                         (cli, "placement_group"), (cli, "get_strategy"), (ppo_trainer, "PPOTrainer")):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
-    patches.install_launcher(object(), object(), object())
+    reference = object()
+    patches.install_launcher(object(), object(), reference, object())
+    assert cli.ReferenceModelActor is reference
     assert cli.get_strategy is get_strategy

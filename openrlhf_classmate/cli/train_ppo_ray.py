@@ -227,7 +227,7 @@ def run(args) -> TrainerFactory:
     import ray
     from openrlhf.cli import train_ppo_ray as upstream
 
-    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor
+    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
 
     init_ray(args, reward_env(args))
     patches.install_experience()
@@ -235,7 +235,8 @@ def run(args) -> TrainerFactory:
     trainer = TrainerFactory(args, engines)
     # from here upstream's train() finds our engine factory, actor class and trainer factory under its own names
     # (the table in integration/patches.py); it then runs unchanged
-    patches.install_launcher(engines.policy, ray.remote(num_gpus=1)(ClassmatePolicyModelActor), trainer)
+    patches.install_launcher(engines.policy, ray.remote(num_gpus=1)(ClassmatePolicyModelActor),
+                             ray.remote(num_gpus=1)(ClassmateReferenceModelActor), trainer)
     upstream.train(args)
     if trainer.handle is not None:
         # every engine counts the complete weight syncs it received (HF: load_weights; vLLM: CountingRolloutActor):

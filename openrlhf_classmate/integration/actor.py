@@ -5,17 +5,20 @@ rollout_log_probs=..., **loss_batch_info)`` and never passes the rest of the mic
 keeps the current micro-batch on ``self`` for the duration of ``training_step`` and installs a loss adapter that
 hands the classmate tensors (``classmate_advantages``, ``cot_mask``, ``classmate_log_probs``) to our losses as
 keyword arguments, so ``training_step`` itself is not copied. Anything the loss reports goes into
-``experience.info``, which upstream logs.
+``experience.info``, which upstream logs. Its :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard` keeps
+non-finite rewards, advantages, losses and gradients away from the optimizer.
 """
 
 from __future__ import annotations
 
 import torch
+from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
-from openrlhf_classmate.integration.patches import install_actor_trainer
+from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
+from openrlhf_classmate.integration.patches import install_actor_trainer, install_verified_actor
 
 
 class ClassmateLossAdapter(torch.nn.Module):
@@ -97,9 +100,19 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         if built is not None:
             loss, fields, zero_classmate = built
             self.actor_loss_fn = ClassmateLossAdapter(loss, fields, self, zero_classmate)
+        # non-finite rewards, advantages, loss or gradient norm never reach the optimizer (our strategy's
+        # backward / optimizer_step consult the guard of the model they are given)
+        self.nonfinite = NonfiniteGuard(self.actor.model, cfg.stop_after_nonfinite_skips)
+        self.actor.nonfinite_guard = self.nonfinite
+
+    def ppo_train(self, kl_ctl: float):
+        status = super().ppo_train(kl_ctl)
+        status.update(self.nonfinite.status())  # the controller logs the total and stops on the consecutive count
+        return status
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         self.current_experience = experience
+        self.nonfinite.check_experience(experience)
         try:
             return super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
@@ -109,6 +122,7 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
 class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         install_actor_trainer(ClassmateActorPPOTrainer)
+        install_verified_actor()  # the loaded weights are compared with the checkpoint
         if strategy.args.engine.backend == "hf":
             vllm_engines = None  # HF engines get weights from the controller through the object store
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
@@ -125,3 +139,11 @@ class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
             if torch.distributed.get_rank() != 0:
                 return None
             return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+
+
+class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
+    """Upstream's reference actor; its loaded weights are compared with the checkpoint (``weight_check``)."""
+
+    def init_model_from_pretrained(self, strategy, pretrain):
+        install_verified_actor()
+        super().init_model_from_pretrained(strategy, pretrain)

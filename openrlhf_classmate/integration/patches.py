@@ -10,6 +10,9 @@ upstream name                                    rebound to / why
 ``ppo_actor.ActorPPOTrainer`` (actor workers)    ``ClassmateActorPPOTrainer`` (classmate losses)
 ``cli.train_ppo_ray.create_vllm_engines``        dispatch to the HF engine when the backend is ``hf``
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
+``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (checks its loaded weights)
+``ppo_actor.Actor``, ``launcher.Actor``          ``VerifiedActor`` (in the policy / reference workers: the loaded
+                                                 weights are compared with the checkpoint)
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
 ``vllm_engine.RolloutRayActor``                  ``CountingRolloutActor`` (counts weight updates per engine)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
@@ -102,6 +105,20 @@ def install_experience() -> None:
         if not hasattr(module, "Experience"):
             raise UpstreamChangedError(f"{name} no longer has a module-global `Experience` to rebind")
         module.Experience = ClassmateExperience
+
+
+def install_verified_actor() -> None:
+    """Make the policy and reference actors build :class:`~openrlhf_classmate.integration.weight_check.
+    VerifiedActor` (call in the actor worker, before ``init_model_from_pretrained``)."""
+    import openrlhf.trainer.ray.launcher as launcher
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+
+    from openrlhf_classmate.integration.weight_check import VerifiedActor
+
+    for module in (ppo_actor, launcher):
+        if not hasattr(module, "Actor"):
+            raise UpstreamChangedError(f"{module.__name__}.Actor is gone")
+        module.Actor = VerifiedActor
 
 
 def install_actor_trainer(trainer_cls: type) -> None:
@@ -198,7 +215,7 @@ def install_vllm_engine_counter() -> None:
         vllm_engine.RolloutRayActor = ray.remote(CountingRolloutActor)
 
 
-def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
+def install_launcher(create_engines, policy_actor_cls, reference_actor_cls, trainer_factory) -> None:
     """Rebind the names upstream ``train()`` looks up at call time (see the table in the module docstring)."""
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
@@ -206,7 +223,8 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
 
     from openrlhf_classmate.integration.strategy import get_strategy
 
-    for name in ("create_vllm_engines", "PolicyModelActor", "placement_group", "train", "get_strategy"):
+    for name in ("create_vllm_engines", "PolicyModelActor", "ReferenceModelActor", "placement_group", "train",
+                 "get_strategy"):
         if not hasattr(cli, name):
             raise UpstreamChangedError(f"openrlhf.cli.train_ppo_ray.{name} is gone")
     real_pg = cli.placement_group
@@ -220,6 +238,7 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory) -> None:
     install_vllm_engine_counter()
     cli.create_vllm_engines = create_engines
     cli.PolicyModelActor = policy_actor_cls
+    cli.ReferenceModelActor = reference_actor_cls
     if not hasattr(ppo_trainer_async, "PPOTrainerAsync"):
         raise UpstreamChangedError("openrlhf.trainer.ppo_trainer_async.PPOTrainerAsync is gone")
     cli.get_strategy = get_strategy

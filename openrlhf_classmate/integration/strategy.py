@@ -5,6 +5,11 @@
   to end in a ``torch.load`` traceback). Every rank makes the same choice from the same files.
 * ``save_model`` into ``<ckpt.path>/<tag>_hf`` (``--ckpt.save_hf``) rotates those folders with ``--ckpt.max_num``,
   as upstream rotates the DeepSpeed tags (the ``_hf`` folders used to pile up forever).
+* ``backward`` / ``optimizer_step`` of a model carrying a ``nonfinite_guard`` (the policy:
+  :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard`) check the loss, and skip an update whose
+  inputs, loss or gradient norm are not finite.
+* its DeepSpeed configs turn on ``stage3_allgather_sequential`` on the CPU accelerator (ZeRO-3), the workaround of a
+  DeepSpeed defect that loaded uninitialised memory into parameters (:func:`safe_gathers`).
 
 Upstream's ``train()`` builds its strategy with ``get_strategy(args)``; :func:`patches.install_launcher` rebinds
 that name to :func:`get_strategy` below. The strategy object travels to the Ray actors by pickle, so the subclass
@@ -20,7 +25,51 @@ from openrlhf.utils.deepspeed import DeepspeedStrategy
 from openrlhf_classmate.integration.checkpoints import choose_resume_tag, rotate_hf_folders
 
 
+def safe_gathers(ds_config: dict) -> dict:
+    """Turn on ZeRO-3's ``stage3_allgather_sequential`` where DeepSpeed's blocking multi-parameter gather is unsafe.
+
+    DeepSpeed 0.19.6 ``Init._allgather_params_coalesced`` (the gather of a ``GatheredParameters`` context over two or
+    more parameters) starts one asynchronous all-gather per parameter and waits on the *last* handle only, trusting
+    that the others finished before it, and skips the device synchronise where the accelerator reports a
+    synchronized device. That holds for NCCL (one CUDA stream, in order) but not for gloo on the CPU accelerator,
+    which runs asynchronous collectives on a pool of worker threads: the body of the context can run while an
+    earlier parameter's all-gather is still writing into it. transformers' ZeRO-3 loader
+    (``_load_state_dict_into_zero3_model``) gathers each module's parameters together (weight + bias: Qwen2's
+    q/k/v projections), rank 0 copies the checkpoint in, and the late all-gather then overwrites part of it with the
+    partitions as they were, uninitialised memory (transformers skips the random init of weights it will load);
+    the broadcast that ends the context sends that to every rank. Our own ``hf_engine_state_dict`` gathers all
+    parameters at once and could read half-gathered tensors the same way. With the flag, every blocking gather
+    goes through ``_allgather_params_sequential``, one synchronous all-gather per parameter (issue 23, item 5;
+    ``tests/test_weight_check.py`` reproduces the defect and checks the fix). GPUs are left unchanged.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    zero = ds_config.get("zero_optimization", {})
+    if zero.get("stage") == 3 and get_accelerator().is_synchronized_device():
+        zero["stage3_allgather_sequential"] = True
+    return ds_config
+
+
 class ResilientDeepspeedStrategy(DeepspeedStrategy):
+    def backward(self, loss, model, optimizer, **kwargs) -> None:
+        guard = getattr(model, "nonfinite_guard", None)
+        if guard is not None:
+            guard.check_loss(loss)
+        super().backward(loss, model, optimizer, **kwargs)
+
+    def optimizer_step(self, optimizer, model, scheduler, name="model", **kwargs) -> None:
+        guard = getattr(model, "nonfinite_guard", None)
+        boundary = guard is not None and guard.before_step()
+        super().optimizer_step(optimizer, model, scheduler, name=name, **kwargs)
+        if boundary:
+            guard.after_step()
+
+    def get_ds_train_config(self, *args, **kwargs):
+        return safe_gathers(super().get_ds_train_config(*args, **kwargs))
+
+    def get_ds_eval_config(self, *args, **kwargs):
+        return safe_gathers(super().get_ds_eval_config(*args, **kwargs))
+
     def load_ckpt(self, model, load_dir, tag=None, *args, **kwargs):
         if tag is None:
             choice = choose_resume_tag(load_dir, self.stage)  # CheckpointError when no tag is complete
