@@ -19,6 +19,14 @@
 #   lossbench       bench/loss_overhead.py (LOSS_ARGS): loss forward + backward per micro-batch vs the model's
 #   packbench       bench/actor_update.py --ragged, packing off and on (PACK_ARGS)
 #   vrclibench      bench/vrcli_reward.py (VRCLI_ARGS): VR-CLI reward forwards, batched vs per sample
+#   chunkbench      bench/actor_update.py --chunked-logprobs (CHUNK_ARGS): stock vs --logprobs.chunked actor update
+#                   (3 losses), reference forward, VR-CLI NLLs, LM head alone, at 0.5B 64 x (1k+1k); then
+#                   --long-context (LONG_ARGS): 1.5B, 2 x 16k tokens, micro-batch 1 (issue 27; trainer wheels only)
+#   gpudemo         issue 25: python -m openrlhf_classmate.demo --gpu --compare-grpo (DEMO_ARGS), resumable in
+#                   DEMO_OUT (default $WORK/gpu_demo) within what is left of BUDGET_S; send it again until it prints
+#                   "gpudemo: done".
+#                   Its artefacts come back in $OUT/gpu_demo/ (summary.md, summary.json, metrics.jsonl, curves.png,
+#                   state.tar.gz: settings, stage markers and timings, evaluation rows, launcher logs and commands)
 # Legacy form: `bash bench/gpu_validate.sh validate|bench|all [WHEEL_DIR]` installs WHEEL_DIR first.
 #
 # BUDGET_S (default 570): seconds this call may take in all; the python steps skip runs that would not finish in
@@ -151,11 +159,43 @@ for step in "${steps[@]}"; do
       need_trainer
       # shellcheck disable=SC2086
       timeout "$(left)" python3 bench/vrcli_reward.py --out "$OUT" ${VRCLI_ARGS:-} || status=1 ;;
+    chunkbench)
+      need_trainer
+      # issue 27: the 0.5B comparison gets what is left minus ~150 s for the long-context run
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 bench/actor_update.py --chunked-logprobs --budget-s "$(( $(left) - 180 ))" \
+        --out "$OUT/chunked_actor_update.json" ${CHUNK_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 bench/actor_update.py --chunked-logprobs --long-context --budget-s "$(( $(left) - 20 ))" \
+        --out "$OUT/chunked_long_context.json" ${LONG_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       need_trainer
       # shellcheck disable=SC2086
       python3 bench/actor_update.py --out "$OUT/actor_update.json" ${BENCH_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s" \
         || status=1 ;;
+    gpudemo)
+      need_vllm; need_trainer
+      demo="${DEMO_OUT:-$WORK/gpu_demo}"
+      # shellcheck disable=SC2086
+      python3 -m openrlhf_classmate.demo --gpu --compare-grpo --output-dir "$demo" --budget-s "$(( $(left) - 20 ))" \
+        ${DEMO_ARGS:-}
+      rc=$?
+      case $rc in
+        0) echo "gpudemo: done (results in $OUT/gpu_demo)" ;;
+        75) echo "gpudemo: not finished: send 'bash bench/gpu_validate.sh gpudemo' again (the machine must stay warm)" ;;
+        *) echo "gpudemo: failed (exit $rc)"; status=1 ;;
+      esac
+      mkdir -p "$OUT/gpu_demo"
+      for f in summary.md summary.json metrics.jsonl curves.png; do
+        [ -f "$demo/$f" ] && cp "$demo/$f" "$OUT/gpu_demo/"
+      done
+      if [ -d "$demo" ]; then
+        (cd "$demo" && find . -maxdepth 3 \( -name settings.json -o -path ./stages/\* -o -name 'eval_*.jsonl' \
+          -o -name launcher.log -o -name command.txt -o -name steps.jsonl \) -type f -print0 \
+          | tar czf "$OUT/gpu_demo/state.tar.gz" --null -T -)
+      fi ;;
     *)
       echo "error: unknown step '$step' (see the header of bench/gpu_validate.sh)"; exit 2 ;;
   esac

@@ -25,6 +25,13 @@ ppo_train, broadcast, step_total) and the classmate stage's ``classmate/*`` (sta
 generation_time, score_time, stage_overlap_time, actor_ref_forward_time). Writes ``step_time_<N>gpu.json`` to
 ``--out`` and prints the table with the GDPO / GRPO ratio against the 1.25x target.
 
+Train-inference mismatch (issue 25): ``--mismatch on`` (the launcher's default) asks the policy engines for the
+sampled tokens' log-probs and logs ``mismatch/*``; ``--mismatch off`` sends upstream's request unchanged
+(``--engine.no_mismatch_metrics``); ``--is-correction token`` adds upstream's ``--algo.advantage.is_correction_level
+token`` (upstream's own log-prob request, with ``--mismatch off``). The three variants keep separate work folders and
+JSON files (``step_time_<N>gpu[_mismatch-off][_is-token].json``), so the generation row can be compared across them;
+the per-step ``mismatch/*`` values are in each run's ``per_step``.
+
 ``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
 """
 
@@ -65,6 +72,13 @@ ROWS = [
     ("weight sync", "timing/broadcast"),
     ("step total", "timing/step_total"),
 ]
+# per-step values recorded next to the timings (not seconds)
+LEVELS = ["mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mismatch/kl_k3", "vllm_kl"]
+
+
+def variant(a) -> str:
+    """The suffix of this variant's work folders and JSON file (empty for the launcher's defaults)."""
+    return ("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
 
 
 def build_model(path: str, shape: dict, seed: int) -> str:
@@ -129,6 +143,10 @@ def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -
         "--logger.tensorboard_dir", os.path.join(root, "tb"),
         "--engine.backend", a.engine,
     ]
+    if a.mismatch == "off":
+        argv.append("--engine.no_mismatch_metrics")
+    if a.is_correction != "off":
+        argv += ["--algo.advantage.is_correction_level", a.is_correction]
     if a.engine == "vllm" and a.enforce_eager:
         argv.append("--vllm.enforce_eager")
     if a.gpus == 1:
@@ -138,47 +156,105 @@ def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -
     if classmate is None:
         argv += ["--algo.advantage.estimator", "group_norm"]
     else:
+        placement = getattr(a, "placement", None) or ("colocate" if a.gpus == 1 else "share")
+        memory = getattr(a, "classmate_memory", None) or ("0.2" if a.gpus == 1 else "0.35")
         argv += ["--classmate.model_name_or_path", classmate, "--classmate.estimator", "gdpo",
                  "--classmate.max_new_tokens", str(a.classmate_new_tokens), "--classmate.temperature", "1.0",
-                 "--classmate.placement", "colocate" if a.gpus == 1 else "share",
-                 "--classmate.gpu_memory_utilization", "0.2" if a.gpus == 1 else "0.35"]
+                 "--classmate.placement", placement, "--classmate.gpu_memory_utilization", str(memory)]
     return argv
 
 
-def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 3) if values else None
+def _mean(values: list[float], digits: int | None = 3) -> float | None:
+    """Mean rounded to ``digits`` decimals (seconds), or to 4 significant digits (``None``: small levels)."""
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    return round(mean, digits) if digits is not None else float(f"{mean:.4g}")
 
 
-def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout: int) -> dict:
-    root = os.path.join(a.work, f"{name}_{a.gpus}gpu")
+def spread(values: list[float], digits: int | None = 3) -> dict | None:
+    """Median with min / max and the count: how a noisy phase is reported (``digits=None``: 4 significant digits,
+    for small levels such as the mismatch metrics)."""
+    if not values:
+        return None
+
+    def r(x: float) -> float:
+        return round(x, digits) if digits is not None else float(f"{x:.4g}")
+
+    return {"median": r(statistics.median(values)), "min": r(min(values)), "max": r(max(values)), "n": len(values)}
+
+
+def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> dict:
+    """Per-step timings of an interleaved run, split by step kind (``bench/classmate_step``: 1 = GDPO, 0 = GRPO).
+
+    The first ``skip_first`` steps of each kind are warm-up (CUDA graphs, allocator, JIT, the classmate engine's
+    first wake-up) and left out. Returns ``{kind: {"steps": [...], "per_step": {tag: {step: s}}, "stats": {tag:
+    spread}}}`` plus ``paired``: the ratio of each steady GDPO step to the GRPO step right after it (same weights
+    and machine state give or take one step), as a spread."""
+    kinds = tb.get("train/bench/classmate_step", {})
+    out: dict = {}
+    for kind, flag in (("gdpo", 1.0), ("grpo", 0.0)):
+        steps = sorted(s for s, v in kinds.items() if round(v) == flag)[skip_first:]
+        per_step = {tag: {s: round(tb.get(f"train/{tag}", {}).get(s, float("nan")), 3) for s in steps}
+                    for _, tag in ROWS if f"train/{tag}" in tb}
+        per_step.update({tag: {s: float(f"{tb[f'train/{tag}'].get(s, float('nan')):.4g}") for s in steps}
+                         for tag in LEVELS if f"train/{tag}" in tb})
+        stats = {tag: spread([v for v in values.values() if v == v], digits=None if tag in LEVELS else 3)
+                 for tag, values in per_step.items()}
+        out[kind] = {"steps": steps, "per_step": per_step, "stats": stats}
+    total = "timing/step_total"
+    gdpo_steps = out["gdpo"]["per_step"].get(total, {})
+    grpo_steps = out["grpo"]["per_step"].get(total, {})
+    pairs = [gdpo_steps[s] / grpo_steps[s + 1] for s in gdpo_steps if s + 1 in grpo_steps and grpo_steps[s + 1] > 0]
+    out["paired"] = spread(pairs)
+    g = (out["grpo"]["stats"].get(total) or {}).get("median")
+    c = (out["gdpo"]["stats"].get(total) or {}).get("median")
+    out["ratio"] = round(c / g, 3) if g and c else None
+    return out
+
+
+def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout: int,
+            interleave: bool = False) -> dict:
+    root = os.path.join(a.work, f"{name}_{a.gpus}gpu{variant(a)}")
     shutil.rmtree(root, ignore_errors=True)  # no stale tensorboard events of an earlier attempt
     os.makedirs(root, exist_ok=True)
     log = os.path.join(root, "launcher.log")
     t0 = time.time()
-    code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout)
+    env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else None
+    code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout, env=env)
     row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
     if code != 0:
         row["log_tail"] = _tail(log, 60)
-        return row
+        if not (interleave and os.path.isdir(os.path.join(root, "tb"))):
+            return row
+        # an interleaved run stopped by its time limit: the steps it logged are complete measurements
+        row["partial"] = True
     tb = tensorboard_scalars(os.path.join(root, "tb"))
+    row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
+    row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
+    if interleave:
+        row.update(split_interleaved(tb))
+        return row
     per_step = {tag: {int(s): round(v, 3) for s, v in sorted(tb.get(f"train/{tag}", {}).items())} for _, tag in ROWS}
+    per_step.update({tag: {int(s): float(f"{v:.4g}") for s, v in sorted(tb.get(f"train/{tag}", {}).items())}
+                     for tag in LEVELS if f"train/{tag}" in tb})
     steps = sorted(per_step["timing/step_total"])
     steady = [s for s in steps if s > 1] or steps
     row.update(steps=steps, steady_steps=steady, per_step=per_step,
-               mean={tag: _mean([v for s, v in values.items() if s in steady]) for tag, values in per_step.items()})
+               mean={tag: _mean([v for s, v in values.items() if s in steady], digits=None if tag in LEVELS else 3)
+                     for tag, values in per_step.items()})
     if classmate is None:  # no classmate stage: make_experience is the actor/ref forwards (+ upstream advantages)
         row["mean"]["classmate/actor_ref_forward_time"] = row["mean"]["timing/make_experience"]
-    row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
-    row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     return row
 
 
-def _guarded_run(name: str, a, policy: str, classmate: str | None, data: str, timeout: int) -> dict:
+def _guarded_run(name: str, a, policy: str, classmate: str | None, data: str, timeout: int,
+                 interleave: bool = False) -> dict:
     try:
-        return run_one(name, a, policy, classmate, data, timeout)
+        return run_one(name, a, policy, classmate, data, timeout, interleave)
     except Exception as e:  # noqa: BLE001  (keep the other run's numbers and the JSON)
         return {"run": name, "exit": "error", "error": repr(e)[-2000:],
-                "log": os.path.join(a.work, f"{name}_{a.gpus}gpu", "launcher.log")}
+                "log": os.path.join(a.work, f"{name}_{a.gpus}gpu{variant(a)}", "launcher.log")}
 
 
 def _tail(path: str, lines: int) -> str:
@@ -201,9 +277,73 @@ def print_table(result: dict) -> None:
     for name, run in result["runs"].items():
         if run.get("exit") != 0:
             print(f"{name}: exit {run.get('exit')} (see {run.get('log')}) {run.get('skipped', '')}")
+    for name, run in result["runs"].items():
+        means = {tag.split("/")[-1]: (run.get("mean") or {}).get(tag) for tag in LEVELS}
+        if any(v is not None for v in means.values()):
+            print(f"{name} per-step means: " + ", ".join(f"{k} {v:.3g}" for k, v in means.items() if v is not None))
     if result.get("ratio") is not None:
         verdict = "meets" if result["ratio"] <= TARGET else "misses"
         print(f"GDPO / GRPO step time = {result['ratio']:.3f} ({verdict} the {TARGET}x target)")
+
+
+def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, start: float) -> None:
+    """One interleaved run per call; the calls of one (warm) machine with the same settings are kept in ``$WORK`` so
+    that the ratio's spread between calls is reported next to each call's figure."""
+    name = f"step_time_{a.gpus}gpu_interleaved_{result['placement']}{variant(a)}"
+    state_path, out_path = os.path.join(a.work, name + ".json"), os.path.join(a.out, name + ".json")
+    calls = []
+    if os.path.isfile(state_path) and not a.fresh:
+        previous = json.load(open(state_path))
+        if all(previous.get(k) == result[k]
+               for k in ("device", "batch", "models", "gpus", "engine", "placement", "mismatch", "is_correction")):
+            calls = previous.get("calls", [])
+    left = a.budget_s - (time.time() - start)
+    if left < a.run_estimate_s:
+        row = {"run": "interleaved", "exit": None,
+               "skipped": f"{left:.0f} s left of --budget-s, ~{a.run_estimate_s:.0f} s needed"}
+    else:
+        row = _guarded_run("interleaved", a, policy, classmate, data, timeout=int(min(600, left - 10)),
+                           interleave=True)
+    row["call"] = len(calls) + 1
+    calls.append(row)
+    ratios = [c["ratio"] for c in calls if c.get("ratio")]
+    result.update(calls=calls, ratios=ratios)
+    if len(ratios) >= 2:
+        result["call_spread"] = round(max(ratios) - min(ratios), 3)
+        result["calls_agree"] = result["call_spread"] <= 0.10  # within +-0.05 of each other
+    for path in (state_path, out_path):
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(path + ".tmp", path)
+    print_interleaved(result)
+    sys.exit(0 if row.get("exit") == 0 else 1)
+
+
+def print_interleaved(result: dict) -> None:
+    row = result["calls"][-1]
+    print(f"\ninterleaved step time, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
+          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps "
+          f"GRPO {row.get('grpo', {}).get('steps')} / GDPO {row.get('gdpo', {}).get('steps')}")
+    if row.get("exit") != 0:
+        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}"
+              + (" - the steps it logged before stopping:" if row.get("partial") else ""))
+        if "gdpo" not in row:
+            return
+
+    def cell(kind: str, tag: str) -> str:
+        st = row[kind]["stats"].get(tag)
+        return f"{st['median']:.2f} [{st['min']:.2f}, {st['max']:.2f}]" if st else ""
+
+    print(f"{'':<36}{'GRPO':>22}{'GDPO':>22}")
+    for label, tag in ROWS:
+        print(f"{label:<36}{cell('grpo', tag):>22}{cell('gdpo', tag):>22}")
+    paired = row.get("paired") or {}
+    verdict = "meets" if row["ratio"] is not None and row["ratio"] <= TARGET else "misses"
+    print(f"GDPO / GRPO = {row['ratio']} (ratio of medians; paired GDPO step / next GRPO step: median "
+          f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) {verdict} the {TARGET}x target")
+    if "call_spread" in result:
+        print(f"ratios of the calls so far: {result['ratios']} (spread {result['call_spread']}; "
+              f"{'agree' if result['calls_agree'] else 'DO NOT agree'} within +-0.05)")
 
 
 def main() -> None:
@@ -221,6 +361,11 @@ def main() -> None:
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (faster engine start)")
     p.add_argument("--no-eager-fallback", action="store_true",
                    help="do not retry in eager mode when the first run fails with CUDA graphs / compilation")
+    p.add_argument("--mismatch", choices=("on", "off"), default="on",
+                   help="on: the launcher's default mismatch/* metrics (sampled-token log-probs from the engines); "
+                        "off: --engine.no_mismatch_metrics (upstream's request)")
+    p.add_argument("--is-correction", choices=("off", "token"), default="off",
+                   help="token: upstream's --algo.advantage.is_correction_level token (its own log-prob request)")
     p.add_argument("--tiny", action="store_true", help="tiny models (CPU check of the script path)")
     p.add_argument("--models", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time_models"))
     p.add_argument("--work", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time"))
@@ -229,6 +374,13 @@ def main() -> None:
     p.add_argument("--run-estimate-s", type=float, default=270, help="expected wall time of one run (budget)")
     p.add_argument("--prepare-only", action="store_true", help="build the models and data, run nothing")
     p.add_argument("--fresh", action="store_true", help="measure again runs an earlier call already measured")
+    p.add_argument("--interleave", action="store_true",
+                   help="one launcher run whose steps alternate GDPO (odd) and plain GRPO (even): both kinds timed in "
+                        "one process, same engines and drift (--steps counts both kinds; the first of each is warm-up)")
+    p.add_argument("--placement", choices=("colocate", "share"), default=None,
+                   help="--classmate.placement (default: colocate on 1 GPU, share on 2)")
+    p.add_argument("--classmate-memory", type=float, default=None,
+                   help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
     a = p.parse_args()
     start = time.time()
     shape = TINY if a.tiny else QWEN25_05B
@@ -249,16 +401,20 @@ def main() -> None:
         "shape": shape, "vocab_size": shape["vocab_size"],
         "batch": f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, classmate "
                  f"{a.classmate_new_tokens} new tokens",
-        "target": TARGET, "runs": {},
+        "target": TARGET, "mismatch": a.mismatch, "is_correction": a.is_correction, "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)
-    out_path = os.path.join(a.out, f"step_time_{a.gpus}gpu.json")
+    if a.interleave:
+        result["placement"] = a.placement or ("colocate" if a.gpus == 1 else "share")
+        return interleaved_call(a, result, policy, classmate, data, start)
+    out_path = os.path.join(a.out, f"step_time_{a.gpus}gpu{variant(a)}.json")
     # runs of earlier calls on the same (warm) machine with the same settings count too: GRPO and GDPO can be
     # measured in two device calls and still be compared in one table
-    state_path = os.path.join(a.work, f"step_time_{a.gpus}gpu.json")
+    state_path = os.path.join(a.work, f"step_time_{a.gpus}gpu{variant(a)}.json")
     if os.path.isfile(state_path) and not a.fresh:
         previous = json.load(open(state_path))
-        same = all(previous.get(k) == result[k] for k in ("device", "batch", "models", "gpus", "engine"))
+        same = all(previous.get(k) == result[k]
+                   for k in ("device", "batch", "models", "gpus", "engine", "mismatch", "is_correction"))
         if same and (previous.get("enforce_eager") or not a.enforce_eager):
             result["runs"].update({k: v for k, v in previous["runs"].items() if v.get("exit") == 0})
             result["enforce_eager"] = previous.get("enforce_eager", result["enforce_eager"])

@@ -1,8 +1,9 @@
 """VR-CLI reward forwards per second: batched (our hook's path) vs one blocking call per sample (the release's path).
 
 A ``RayActorGroup`` of our reference actors (upstream's real ``ReferenceModelActor`` with the launcher's strategy
-and load check; DeepSpeed, ZeRO-``--zero-stage``, bf16) holds a randomly initialised model of a real shape; ``--samples`` generator sequences of ``--seq-len`` tokens (lengths drawn
-from [3/4, 1] x seq-len, a fixed seed) each score their last ``--gold-len`` tokens. Two ways to get their mean NLLs:
+and load check; DeepSpeed, ZeRO-``--zero-stage``, bf16) holds a randomly initialised model of a real shape;
+``--samples`` generator sequences of ``--seq-len`` tokens (lengths drawn from [3/4, 1] x seq-len, a fixed seed)
+each score their last ``--gold-len`` tokens. Two ways to get their mean NLLs:
 
 * ``batched``: ``openrlhf_classmate.rewards.likelihood.gold_mean_nll`` through ``group_forward``, exactly what
   ``VrcliRewardHook`` runs: one ``async_run_method_batch`` call, micro-batches of at most ``--micro-batch-size`` rows

@@ -4,15 +4,15 @@ Each flag group we add (``--classmate.*``, ``--engine.*``, ``--tinyv.*``, ``--da
 dataclass whose fields carry their documentation in ``metadata``:
 
 * ``help``: effect and interactions, written once;
-* ``range`` (a :class:`Bound`, on every numeric field; None where any value is allowed): the allowed values. The
-  flag's help states it; for ``--classmate.*`` / ``--engine.*`` the preflight enforces it (``preflight.RANGES`` is
-  read from these fields), the other groups' launch checks enforce theirs (``tests/test_config_fields.py``);
+* ``range`` (a :class:`Bound`, on every numeric field; None where any finite value is allowed): the allowed values.
+  The flag's help states it, and :func:`field_problem` enforces it for every group at launch (``integration.args``);
 * ``default_help`` (optional): how a derived default (a ``None`` field filled in at launch) is computed;
 * ``choices``, ``nargs``, ``metavar``: passed to argparse as they are.
 
 The argparse ``type`` and ``nargs`` come from the field's annotation through :data:`ARG_TYPES`, an explicit table of
 annotation objects: an annotation missing from it is a ``TypeError`` when the parser is built, never a silent
-``str``.
+``str``. Float options parse with :func:`finite_float`: NaN and +-inf are refused when the flag is read (from the
+command line or a ``--config`` file), and :func:`refuse_non_finite` gives upstream's float options the same type.
 """
 
 from __future__ import annotations
@@ -51,13 +51,45 @@ class Bound:
 
 POSITIVE_INT = Bound(lo=1)
 
+
+def finite_float(text: str) -> float:
+    """argparse type of every float option: a number, never NaN or +-inf (they would pass every ``<``/``>`` check
+    or poison every sum downstream)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def not_nan_float(text: str) -> float:
+    """argparse type of a float option whose default is infinite (upstream's ``--ckpt.max_mem``): +-inf allowed."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"must be a number (inf allowed, NaN not), got {text!r}")
+    return value
+
+
+def refuse_non_finite(parser: argparse.ArgumentParser, allow_inf: tuple[str, ...] = ()) -> None:
+    """Give every ``type=float`` option of ``parser`` (ours and upstream's) :func:`finite_float` as its type; the
+    dests in ``allow_inf`` (options where an infinite value means "no limit") get :func:`not_nan_float`."""
+    for action in parser._actions:
+        if action.type is float:
+            action.type = not_nan_float if action.dest in allow_inf else finite_float
+
+
 # annotation (``X | None`` is looked up as ``X``) -> (argparse type, nargs); bool fields are switches (store_true)
-ARG_TYPES: dict[Any, tuple[type, str | None]] = {
+ARG_TYPES: dict[Any, tuple[Any, str | None]] = {
     int: (int, None),
-    float: (float, None),
+    float: (finite_float, None),
     str: (str, None),
     list[int]: (int, "+"),
-    list[float]: (float, "+"),
+    list[float]: (finite_float, "+"),
     list[str]: (str, "+"),
 }
 
@@ -127,6 +159,29 @@ def add_dataclass_group(parser: argparse.ArgumentParser, prefix: str, cls: type)
                 kwargs["nargs"] = nargs
             kwargs.update(meta)  # an explicit nargs (e.g. 2) or metavar wins
         group.add_argument(f"--{prefix}.{f.name}", **kwargs)
+
+
+def field_problem(prefix: str, cls: type, values: Any) -> str | None:
+    """The first value of ``values`` (an object with one attribute per field of ``cls``: a parsed flag group or the
+    dataclass itself) that is not a finite number inside its field's ``range``, as one line naming the flag; None
+    when all are. Every float field must be finite, with or without a range; lists are checked element-wise."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        annotation = _without_none(hints[f.name])
+        if annotation not in (int, float, list[int], list[float]):
+            continue
+        value = getattr(values, f.name)
+        bound: Bound | None = f.metadata.get("range")
+        if value is None:
+            if bound is not None and not bound.none_ok:
+                return f"--{prefix}.{f.name} needs a value ({bound.text()})"
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                return f"--{prefix}.{f.name} must be a finite number, got {v!r}"
+            if bound is not None and not bound.ok(float(v)):
+                return f"--{prefix}.{f.name} must be {bound.text()}, got {v!r}"
+    return None
 
 
 def ranges_of(prefix: str, cls: type) -> dict[str, Bound]:

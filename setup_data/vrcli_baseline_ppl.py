@@ -126,11 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from openrlhf_classmate.data.io import atomic_outputs
+    from openrlhf_classmate.data.io import atomic_outputs, check_outputs_spare_inputs
     from openrlhf_classmate.rewards.likelihood import model_checksum
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
+        if not args.in_place:
+            check_outputs_spare_inputs(args.output_dir, [os.path.basename(f) for f in args.files], args.files,
+                                       hint="use --in-place to update the input files, or another --output-dir")
         rows_by_file = {path: read_rows(path, args.label_key) for path in args.files}
     except (DataError, OSError) as e:
         print(f"vrcli_baseline_ppl: error: {e}", file=sys.stderr)

@@ -407,3 +407,66 @@ def test_group_std_matches_the_worked_example_and_masks_invalid_entries():
     out = group_std(rewards, group, valid=valid)
     assert out.tolist()[:4] == pytest.approx([3.535534] * 4, abs=1e-6)  # std of [8, 3]
     assert out.tolist()[4:] == [0.0, 0.0]  # one valid entry: no std
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whitening (reinforce_baseline) with invalid scores (issue 23 items 1, 2)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_whitening_leaves_invalid_rows_at_zero_and_out_of_the_statistics():
+    # one group: rewards 1, 0, 1 and an invalid 4th score; response lengths 2, 2, 1, 2 (no classmate: plain GRPO)
+    resp = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 1]], dtype=torch.bool)
+    main = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=F64)
+    valid = torch.tensor([True, True, True, False])
+    out = compute_advantages("grpo", main, None, GROUP, response_mask=resp, cot_mask=torch.zeros_like(resp),
+                             baseline="reinforce_baseline", main_valid=valid, whiten="mean_std")["advantages"]
+    # by hand: valid mean 2/3 -> centred 1/3, -2/3, 1/3 on 5 tokens; token mean -1/15, deviations 0.4, -0.6, 0.4,
+    # biased variance (2 x 0.16 + 2 x 0.36 + 0.16) / 5 = 0.24 -> 0.4 / sqrt(0.24) = sqrt(2/3), -0.6 / sqrt(0.24)
+    up, down = math.sqrt(2 / 3), -math.sqrt(3 / 2)
+    _close(out, [[up, up], [down, down], [up, 0.0], [0.0, 0.0]])
+    assert out[3].eq(0).all()  # exactly 0, not merely small
+    centred = compute_advantages("grpo", main, None, GROUP, response_mask=resp, cot_mask=torch.zeros_like(resp),
+                                 baseline="reinforce_baseline", main_valid=valid, whiten="mean")["advantages"]
+    _close(centred, [[0.4, 0.4], [-0.6, -0.6], [0.4, 0.0], [0.0, 0.0]])
+
+
+@pytest.mark.parametrize("whiten", ["mean", "mean_std"])
+@pytest.mark.parametrize(("estimator", "token_mode"), [(e, t) for e in ESTIMATORS for t in TOKEN_MODES
+                                                       if e != "separated_non_neg"])
+def test_whitening_keeps_every_stream_of_an_invalid_row_at_zero(estimator, token_mode, whiten):
+    main, cm, groups, resp, cot, cm_ok = _random_batch(7)
+    main_ok = torch.rand(len(main), generator=torch.Generator().manual_seed(3)) > 0.3
+    assert (main_ok & ~cm_ok).any() and (~main_ok & cm_ok).any() and (~main_ok & ~cm_ok).any()
+    kw = dict(response_mask=resp, cot_mask=cot, token_mode=token_mode, baseline="reinforce_baseline",
+              main_valid=main_ok, classmate_valid=cm_ok, kl_return=0.01 * torch.randn(resp.shape, dtype=F64))
+    out = compute_advantages(estimator, main, cm, groups, whiten=whiten, **kw)
+    raw = compute_advantages(estimator, main, cm, groups, **kw)
+    off_cot = resp & ~cot
+
+    def rows(ok):
+        return ok.unsqueeze(1).expand_as(resp)
+
+    if estimator in ("separated", "separated_non_neg"):
+        streams = {"main_advantages": resp & rows(main_ok),
+                   "classmate_advantages": (cot & resp if token_mode == "classmate_partial" else resp) & rows(cm_ok)}
+    elif estimator in ("grpo", "grpo_w_classmate"):  # the single stream needs a valid main score
+        streams = {"advantages": resp & rows(main_ok)}
+    else:  # gdpo: S (either score) on the CoT, A^m (main score) off it, or S everywhere with token_mode all
+        either = rows(main_ok | cm_ok)
+        trained = resp & either if token_mode == "all" else (resp & cot & either) | (off_cot & rows(main_ok))
+        streams = {"advantages": trained}
+    for name, trained in streams.items():
+        assert out[name][~trained].eq(0).all(), name  # invalid in this stream (or padding): exactly 0
+        x = raw[name][trained]
+        expected = x - x.mean()
+        if whiten == "mean_std":
+            expected = expected / expected.square().mean().clamp(min=1e-8).sqrt()
+        torch.testing.assert_close(out[name][trained], expected, rtol=0, atol=1e-9, msg=name)
+
+
+def test_separated_non_neg_refuses_whitening_which_would_make_it_negative():
+    for whiten in ("mean", "mean_std"):
+        with pytest.raises(ValueError, match="separated_non_neg.*whiten"):
+            compute_advantages("separated_non_neg", R_MAIN, R_CM, GROUP, response_mask=V, cot_mask=M,
+                               baseline="reinforce_baseline", whiten=whiten)

@@ -1,5 +1,6 @@
 """The shape of the public ``openrlhf_classmate.algo`` API: data positionally, every option by keyword, and the layering
-(``algo`` imports nothing of ours outside itself)."""
+(``algo`` imports nothing of ours outside itself; ``algo``, ``scoring``, ``rewards`` and ``data`` never import the
+launcher glue above them)."""
 
 from __future__ import annotations
 
@@ -66,16 +67,38 @@ def test_both_losses_share_one_constructor():
         VanillaClassmatePolicyLoss(no_such_option=1)
 
 
+def _imported_names(path: Path) -> list[str]:
+    """Every module ``path`` imports, at any depth (function-local imports too); ``from pkg import mod`` counts as
+    ``pkg.mod`` as well as ``pkg``."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return names
+
+
 def test_algo_imports_nothing_of_ours_outside_algo():
     for module in MODULES:
-        tree = ast.parse(Path(module.__file__).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            for imported in names:
-                if imported.startswith("openrlhf_classmate"):
-                    assert imported.startswith("openrlhf_classmate.algo"), f"{module.__name__} imports {imported}"
+        for imported in _imported_names(Path(module.__file__)):
+            if imported.startswith("openrlhf_classmate"):
+                assert imported.startswith("openrlhf_classmate.algo"), f"{module.__name__} imports {imported}"
+
+
+# The layers that the launcher glue builds on: none of them may import the glue (or anything above it), even inside
+# a function, or a lower module ends up in an import cycle with the code that imports it.
+LOWER_PACKAGES = ("algo", "scoring", "rewards", "data")
+UPPER_PACKAGES = ("integration", "cli", "demo")
+
+
+@pytest.mark.parametrize("package", LOWER_PACKAGES)
+def test_lower_layers_import_no_launcher_glue(package):
+    root = Path(algo.__file__).parent.parent / package
+    files = sorted(root.rglob("*.py"))
+    assert files, f"no modules under {root}"
+    upper = tuple(f"openrlhf_classmate.{name}" for name in UPPER_PACKAGES)
+    bad = [f"{path.relative_to(root.parent)} imports {name}" for path in files for name in _imported_names(path)
+           if name in upper or name.startswith(tuple(f"{u}." for u in upper))]
+    assert not bad, "\n".join(bad)

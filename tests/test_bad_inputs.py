@@ -2,10 +2,16 @@
 
 Each row names the tool, builds the input in a temporary world (tiny local models, small data files), runs the tool's
 real entry point in-process (the launcher's ``main(["--check", ...])``, a setup_data script's ``main``,
-``evaluate.main``, ``convert_checkpoint.main``, or the scoring API) and checks the outcome: for the command-line
-tools exactly one ``error:`` line, no traceback, a non-zero exit status, and the substrings that name the flag, the
-file (and line) or the field; for scoring calls the exception type or the (invalid / zero) score and its reason.
-A few rows are inputs that must still pass, with a warning (a torn checkpoint with a complete older one).
+``evaluate.main``, ``convert_checkpoint.main``, the sandbox's command line and its real app (requests through
+FastAPI's test client), or the scoring API) and checks the outcome: for the command-line tools exactly one
+``error:`` line, no traceback, a non-zero exit status, and the substrings that name the flag, the file (and line) or
+the field; for scoring calls and sandbox requests the exception type, the (invalid / zero) score and its reason, or
+the HTTP status and error. A few rows are inputs that must still pass, with a warning (a torn checkpoint with a
+complete older one, prompts longer than --data.max_len leaves room for, a sandbox not reachable at --check time).
+
+Rows are grouped by class (LAUNCHER, CHAT: chat messages; NUMBERS: non-finite / out-of-range numbers in every flag
+group, upstream's floats and the environment, think-tag pairs; MORE_PREFLIGHT: what used to pass the preflight and
+fail inside Ray; YAML; SETUP_DATA; SCORING; SANDBOX; CONVERT; EVALUATE): a new bad input joins its class.
 ``test_launcher_subprocess`` repeats two rows through a real ``python -m ... --check`` process.
 """
 
@@ -64,7 +70,19 @@ def w(tmp_path_factory) -> dict:
     (no_config / "tokenizer.json").write_text("{}")
     world["no_config"] = str(no_config)
     world["a_file"] = _jsonl(root / "a_file.txt", ["not a folder"])
+    world["small_vocab"] = _shrunk_embedding(world["policy"], root / "small_vocab")
     return world
+
+
+def _shrunk_embedding(model: str, path: Path) -> str:
+    """A copy of ``model`` whose config declares 3 embedding rows fewer than its tokenizer has tokens."""
+    import shutil
+
+    shutil.copytree(model, path)
+    config = json.loads((path / "config.json").read_text())
+    config["vocab_size"] -= 3
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
 
 
 def launcher_argv(w: dict, *extra: str, classmate: bool = True, data: str | None = None) -> list[str]:
@@ -154,7 +172,7 @@ def L(id_: str, extra: Callable[[dict, Path], list[str]] | list[str], *expect: s
 
 
 def D(id_: str, rows: list, *expect: str, classmate: bool = True, suffix: str = ".jsonl", raw: bytes | None = None,
-      extra: list[str] = ()) -> Case:
+      extra: list[str] = (), passes: bool = False) -> Case:
     """A launcher row whose prompt dataset holds ``rows`` (or the bytes ``raw``)."""
     def data(w, tmp):
         path = tmp / f"data{suffix}"
@@ -162,7 +180,7 @@ def D(id_: str, rows: list, *expect: str, classmate: bool = True, suffix: str = 
             path.write_bytes(raw)
             return str(path)
         return _jsonl(path, rows)
-    return L(id_, list(extra), *expect, classmate=classmate, data=data)
+    return L(id_, list(extra), *expect, classmate=classmate, data=data, passes=passes)
 
 
 def Y(id_: str, text: str | bytes, *expect: str) -> Case:
@@ -274,10 +292,179 @@ LAUNCHER = [
     L("classmate without policy engines", ["--vllm.num_engines", "0"], "--vllm.num_engines >= 1"),
     L("resume with every checkpoint torn", lambda w, t: ["--ckpt.path", _torn_ckpt(t, break_older=True), "--ckpt.load_enable"],
       "--ckpt.load_enable", "mp_rank_00_model_states.pt is cut short", "global_step1 has no *optim_states.pt"),
+    L("resume from an empty _actor folder", lambda w, t: ["--ckpt.path", _resume_dir(t, "empty"), "--ckpt.load_enable"],
+      "--ckpt.load_enable", "_actor is empty", "no checkpoint to resume from"),
+    L("resume from an _actor folder of other files", lambda w, t: ["--ckpt.path", _resume_dir(t, "other"),
+                                                                   "--ckpt.load_enable"],
+      "--ckpt.load_enable", "no 'latest' file and no global_stepN/ folder (only notes.txt)"),
+    L("resume with --ckpt.path set to the _actor folder", lambda w, t: ["--ckpt.path", _resume_dir(t, "actor"),
+                                                                        "--ckpt.load_enable"],
+      "--ckpt.load_enable", "holds DeepSpeed tags itself", "pass the folder above it as --ckpt.path"),
+    L("resume from Hugging Face saves only", lambda w, t: ["--ckpt.path", _resume_dir(t, "hf"), "--ckpt.load_enable"],
+      "--ckpt.load_enable", "holds Hugging Face saves (global_step2_hf) but no DeepSpeed checkpoint"),
+    L("resume with nothing saved yet", lambda w, t: ["--ckpt.path", str(t / "new"), "--ckpt.load_enable"],
+      "--ckpt.load_enable: no checkpoint in", "the run starts from step 0", passes=True),
     L("resume over a torn latest checkpoint", lambda w, t: ["--ckpt.path", _torn_ckpt(t, break_older=False),
                                                              "--ckpt.load_enable"],
       "global_step2/mp_rank_00_model_states.pt is cut short", "resuming from global_step1", passes=True),
 ]
+
+
+def _resume_dir(tmp: Path, kind: str) -> str:
+    """A --ckpt.path with an ``_actor`` folder that is empty / holds other files, the ``_actor`` folder itself, or
+    a --ckpt.path with only an HF save."""
+    ckpt = tmp / "ckpt"
+    if kind == "actor":
+        return _torn_ckpt(tmp, break_older=False) + "/_actor"
+    if kind == "hf":
+        (ckpt / "global_step2_hf").mkdir(parents=True)
+        return str(ckpt)
+    (ckpt / "_actor").mkdir(parents=True)
+    if kind == "other":
+        (ckpt / "_actor" / "notes.txt").write_text("not a checkpoint")
+    return str(ckpt)
+
+
+# issue 24 §5: chat messages as the chat template needs them (the prompt field, and the label's messages that the
+# classmate renders with its own template)
+def _chat(content, role: str = "user") -> list[dict]:
+    return [{"role": role, "content": content}]
+
+
+def _chat_row(prompt: list, label_messages: list | None = None) -> dict:
+    label = {"data_source": "arithmetic", "ground_truth": "2", "messages": label_messages or _chat("1 + 1 = ?")}
+    return {"prompt": prompt, "label": json.dumps(label)}
+
+
+CHAT = [
+    D("chat content null", [_chat_row(_chat(None))], "data.jsonl:1", "field 'prompt'", "message 0", "null"),
+    D("chat content a number", [_chat_row(_chat(7))], "data.jsonl:1", "message 0", "content", "int"),
+    D("chat content an object", [_chat_row(_chat({"text": "1 + 1"}))], "data.jsonl:1", "message 0", "dict"),
+    D("chat content parts the template prints as a list", [_chat_row(_chat([{"type": "text", "text": "1 + 1"}]))],
+      "data.jsonl:1", "content parts", "chat template"),
+    D("chat content part without text", [_chat_row(_chat([{"type": "image_url", "image_url": "x.png"}]))],
+      "data.jsonl:1", "message 0"),
+    D("chat unknown role", [_chat_row(_chat("1 + 1 = ?", role="usr"))], "data.jsonl:1", "unknown role 'usr'"),
+    D("chat role not a string", [_chat_row([{"role": 1, "content": "1 + 1 = ?"}])], "data.jsonl:1", "role"),
+    D("chat empty content", [_chat_row(_chat("  "))], "data.jsonl:1", "message 0", "empty"),
+    D("chat message not an object", [_chat_row(["1 + 1 = ?"])], "data.jsonl:1", "message 0", "str"),
+    D("chat message without content", [_chat_row([{"role": "user"}])], "data.jsonl:1", "message 0", "content"),
+    D("chat error in a later message", [_chat_row([{"role": "system", "content": "be brief"}, *_chat(None)])],
+      "data.jsonl:1", "message 1", "null"),
+    D("classmate label messages with null content", [_chat_row(_chat("1 + 1 = ?"), _chat(None))], "data.jsonl:1",
+      "field 'label'", "messages", "message 0", "null"),
+    D("classmate label messages with an unknown role", [_chat_row(_chat("1 + 1 = ?"), _chat("x", role="bot"))],
+      "data.jsonl:1", "field 'label'", "unknown role 'bot'"),
+    D("classmate label messages with content parts", [_chat_row(_chat("1 + 1 = ?"),
+                                                                _chat([{"type": "text", "text": "1 + 1"}]))],
+      "data.jsonl:1", "field 'label'", "content parts"),
+]
+
+
+# issue 24 §7: every number finite and in range (argparse types of every group, upstream's floats, environment)
+def _env_launcher(env: dict[str, str], *expect: str) -> Case:
+    def run(w, tmp):
+        with _env(**env):
+            return run_launcher(launcher_argv(w))
+    return Case(f"environment {' '.join(f'{k}={v}' for k, v in env.items())}", "launcher", run, expect)
+
+
+NUMBERS = [
+    L("vrcli thresholds nan", ["--vrcli.thresholds", "nan", "1"], "--vrcli.thresholds", "finite", "nan"),
+    L("vrcli ladder reward inf", ["--vrcli.ladder_rewards", "0", "inf"], "--vrcli.ladder_rewards", "finite"),
+    L("tinyv timeout inf", ["--tinyv.timeout_s", "inf"], "--tinyv.timeout_s", "finite"),
+    L("tinyv backoff nan", ["--tinyv.backoff_s", "nan"], "--tinyv.backoff_s", "finite"),
+    L("tinyv weight nan", ["--tinyv.weight", "nan"], "--tinyv.weight", "finite"),
+    L("darling lambda nan", ["--darling.lambda_quality", "nan"], "--darling.lambda_quality", "finite"),
+    L("darling quality values inf", ["--darling.quality_values", "inf", "0"], "--darling.quality_values", "finite"),
+    L("darling timeout inf", ["--darling.timeout_s", "inf"], "--darling.timeout_s", "finite"),
+    L("classmate reward weight -inf", ["--classmate.reward_weight=-inf"], "--classmate.reward_weight", "finite"),
+    L("classmate judge timeout inf", ["--classmate.judge_timeout_s", "inf"], "--classmate.judge_timeout_s", "finite"),
+    L("upstream learning rate nan", ["--actor.adam.lr", "nan"], "--actor.adam.lr", "finite"),
+    L("upstream kl coefficient inf", ["--algo.kl.init_coef", "inf"], "--algo.kl.init_coef", "finite"),
+    L("upstream clip range nan", ["--reward.clip_range", "nan", "1"], "--reward.clip_range", "NaN"),
+    L("upstream temperature nan", ["--rollout.temperature", "nan"], "--rollout.temperature", "finite"),
+    _env_launcher({"OPENRLHF_CLASSMATE_CODE_TIME_LIMIT": "inf"}, "OPENRLHF_CLASSMATE_CODE_TIME_LIMIT", "finite"),
+    _env_launcher({"OPENRLHF_CLASSMATE_CODE_TIME_LIMIT": "nan"}, "OPENRLHF_CLASSMATE_CODE_TIME_LIMIT", "finite"),
+    _env_launcher({"OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT": "nan"}, "OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT", "finite"),
+    L("think tags identical", ["--classmate.think_open", "</think>"], "--classmate.think_open",
+      "--classmate.think_close", "same tag"),
+    L("think tags swapped", ["--classmate.think_open", "</think>", "--classmate.think_close", "<think>"],
+      "--classmate.think_open", "swapped"),
+    L("classmate think tags identical", ["--classmate.classmate_think_close", "<think>"],
+      "--classmate.classmate_think_open", "same tag"),
+    L("classmate think tags swapped", ["--classmate.classmate_think_open", "</think>",
+                                       "--classmate.classmate_think_close", "<think>"],
+      "--classmate.classmate_think_open", "swapped"),
+    L("think tags swapped, after_think reward without a classmate", ["--classmate.think_open", "</think>",
+                                                                     "--classmate.think_close", "<think>"],
+      "swapped", classmate=False),
+    D("code test time limit NaN in a row", [{"prompt": "x", "label": json.dumps(
+        {"data_source": "code", "tests": ["assert 1"], "max_execution_time": float("nan")})}],
+      "data.jsonl:1", "max_execution_time", classmate=False),
+]
+
+
+def _long_prompt_rows(words: int) -> list[dict]:
+    return [_row(), _chat_row(_chat(" ".join(["1"] * words)), _chat(" ".join(["1"] * words)))]
+
+
+# issue 24 §8 and the preflight's list: what used to pass the preflight and fail later, inside Ray
+MORE_PREFLIGHT = [
+    D("prompts longer than --data.max_len leaves room for", _long_prompt_rows(60), "1 of 2 prompts",
+      "longer than 48 tokens", "--data.max_len", passes=True),
+    D("classmate prompt alone over --classmate.max_context", _long_prompt_rows(60),
+      "--classmate.max_context 72", "1 of 2 rows", passes=True),
+    L("classmate scorer unknown", ["--classmate.scorer", "gsm8kk"], "--classmate.scorer", "Did you mean 'gsm8k'"),
+    L("main scorer unknown", ["--classmate.main_scorer", "mathverify"], "--classmate.main_scorer", "no scorer"),
+    D("bad row beyond --data.max_samples", [_row(), _row(), "{oops"], "data.jsonl:3", "invalid JSON",
+      extra=["--data.max_samples", "1"]),
+    L("policy tokenizer larger than its embedding", lambda w, t: ["--actor.model_name_or_path", w["small_vocab"]],
+      "--actor.model_name_or_path", "vocab_size"),
+    L("classmate tokenizer larger than its embedding", lambda w, t: ["--classmate.model_name_or_path",
+                                                                      w["small_vocab"]],
+      "--classmate.model_name_or_path", "vocab_size"),
+    D("dataset compressed (.jsonl.gz)", [], "data.jsonl.gz", "compressed", suffix=".jsonl.gz",
+      raw=__import__("gzip").compress(b'{"prompt": "x"}\n')),
+    D("dataset of a format the loader cannot read (.txt)", [], "data.txt", ".jsonl", suffix=".txt", raw=b"x\n"),
+    D("dataset suffix in capitals (.JSONL)", [_row()], "data.JSONL", "case-sensitively", "rename", suffix=".JSONL"),
+    L("eval dataset compressed", lambda w, t: ["--eval.dataset", str((t / "eval.jsonl.gz").write_bytes(
+        __import__("gzip").compress(b"{}\n")) and t / "eval.jsonl.gz")], "--eval.dataset", "eval.jsonl.gz",
+      "compressed"),
+    L("max_samples 0", ["--data.max_samples", "0"], "--data.max_samples", ">= 1"),
+    L("max_samples negative", ["--data.max_samples", "-5"], "--data.max_samples", ">= 1"),
+    L("max_epochs 0", ["--train.max_epochs", "0"], "--train.max_epochs", ">= 1"),
+    L("num_episodes 0", ["--train.num_episodes", "0"], "--train.num_episodes", ">= 1"),
+    L("train batch size 0", ["--train.batch_size", "0"], "--train.batch_size", ">= 1"),
+    L("train micro batch size 0", ["--train.micro_batch_size", "0"], "--train.micro_batch_size", ">= 1"),
+    L("vllm tensor parallel 0", ["--vllm.tensor_parallel_size", "0"], "--vllm.tensor_parallel_size", ">= 1"),
+    L("eval steps 0 (modulo by zero)", ["--eval.steps", "0"], "--eval.steps", "-1"),
+    L("save steps 0 (modulo by zero)", ["--ckpt.save_steps", "0"], "--ckpt.save_steps", "-1"),
+    L("logging steps 0 (modulo by zero)", ["--logger.logging_steps", "0"], "--logger.logging_steps", ">= 1"),
+    L("vrcli max_len shorter than every sequence", ["--algo.kl.init_coef", "1e-6", "--vrcli.enable",
+                                                     "--vrcli.baseline", "online", "--vrcli.max_len", "8"],
+      "--vrcli.max_len 8", "shorter than", classmate=False, data=lambda w, t: _story_rows(t)),
+    Case("code rows with the sandbox not reachable", "launcher", lambda w, t: _code_rows_without_sandbox(w, t),
+         ("sandbox", "not reachable", "largest 100 s", "data.jsonl:1"), passes=True),
+]
+
+
+def _code_rows_without_sandbox(w: dict, t: Path) -> tuple[int, str]:
+    data = _jsonl(t / "data.jsonl", [{"prompt": "x", "label": json.dumps(
+        {"data_source": "code", "tests": ["assert 1"], "max_execution_time": 100})}])
+    with _env(OPENRLHF_CLASSMATE_SANDBOX_URL=_refused_port().removesuffix("/v1")):
+        return run_launcher(launcher_argv(w, classmate=False, data=data))
+if not importlib.util.find_spec("vllm") or "shims" in (importlib.util.find_spec("vllm").origin or ""):
+    MORE_PREFLIGHT.append(L("engine backend vllm without vLLM", ["--engine.backend", "vllm"], "--engine.backend vllm",
+                            "not installed"))
+
+
+def _story_rows(t: Path) -> str:
+    from openrlhf_classmate.testing.vrcli_world import write_story_rows
+
+    write_story_rows(str(t / "stories.jsonl"), 4)
+    return str(t / "stories.jsonl")
+
 
 YAML = [
     Y("yaml syntax error", "actor:\n  adam: [1,\nrollout: x\n", "run.yaml:", "not valid YAML"),
@@ -292,6 +479,21 @@ YAML = [
       "set in --config"),
     Y("yaml list for a scalar", "classmate:\n  temperature: [0.5, 0.7]\n", "'classmate.temperature' takes one value"),
     Y("yaml value out of range", "classmate:\n  top_p: 1.5\n", "--classmate.top_p", "(0, 1]"),
+    Y("yaml empty value", "classmate:\n  model_name_or_path:\n", "run.yaml:2", "'classmate.model_name_or_path'",
+      "no value"),
+    Y("yaml empty value in a flow mapping", "classmate: {temperature: }\n", "run.yaml:1", "'classmate.temperature'",
+      "no value"),
+    Y("yaml empty group", "rollout: {batch_size: 4}\nclassmate:\n", "run.yaml:2", "'classmate'", "no value"),
+    Y("yaml empty switch", "ckpt:\n  save_hf:\n", "run.yaml:2", "'ckpt.save_hf'", "no value"),
+    Y("yaml flag nested and dotted", "classmate:\n  temperature: 0.5\nclassmate.temperature: 0.7\n",
+      "'classmate.temperature'", "run.yaml:2", "run.yaml:3"),
+    Y("yaml flag dotted at two depths", "actor:\n  adam.lr: 1e-6\n  adam:\n    lr: 2e-6\n", "'actor.adam.lr'",
+      "run.yaml:2", "run.yaml:4"),
+    Y("yaml merge key replacing a merged mapping (merges are shallow)",
+      "actor: &a\n  adam: {lr: 1e-6, betas: [0.9, 0.9]}\ncritic:\n  <<: *a\n  adam: {lr: 2e-6}\n",
+      "run.yaml:5", "'adam'", "shallow"),
+    Y("yaml nan", "classmate:\n  temperature: .nan\n", "--classmate.temperature", "finite", "set in --config"),
+    Y("yaml inf", "tinyv:\n  timeout_s: .inf\n", "--tinyv.timeout_s", "finite", "set in --config"),
     Case("yaml file missing", "yaml", lambda w, t: run_launcher(launcher_argv(w, "--config", str(t / "none.yaml"))),
          ("none.yaml", "cannot read")),
     Case("yaml path is a directory", "yaml", lambda w, t: run_launcher(launcher_argv(w, "--config", str(t))),
@@ -337,6 +539,12 @@ SETUP_DATA = [
       "data.jsonl", "cannot tell which source split"),
     S("setup max rows 0", "gsm8k", lambda t: _gsm(t, [GSM]) + ["--max-rows", "0"], "--max-rows"),
     S("setup negative size", "gsm8k", lambda t: _gsm(t, [GSM]) + ["--test-size", "-1"], "--test-size", ">= 0"),
+    S("setup output dir is the input's folder", "gsm8k", lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]),
+                                                                     "--output-dir", str(t)],
+      "train.jsonl: writing train.jsonl here would replace the input file", "choose another --output-dir"),
+    S("setup output dir is the input's folder via a symlink", "gsm8k",
+      lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]), "--output-dir",
+                 str((t / "link").symlink_to(t) or t / "link")], "would replace the input file"),
     S("setup mmlu answer index out of range", "mmlu_sycophancy",
       lambda t: ["--input", _jsonl(t / "test.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 5,
                                                         "subject": "s"}]), "--output-dir", str(t / "o")],
@@ -420,6 +628,12 @@ def C(id_: str, fn: Callable[[], tuple[int, str]], *expect: str) -> Case:
 
 
 SCORING = [
+    C("code label time limit NaN", lambda: _raises(lambda: _score(
+        [{"data_source": "code", "tests": ["assert 1"], "max_execution_time": float("nan")}]), "LabelError"),
+      "LabelError", "max_execution_time"),
+    C("code label time limit inf", lambda: _raises(lambda: _score(
+        [{"data_source": "code", "tests": ["assert 1"], "max_execution_time": float("inf")}]), "LabelError"),
+      "LabelError", "max_execution_time"),
     C("label not JSON", lambda: _raises(lambda: _score(["{oops"]), "LabelError"), "LabelError", "label #0",
       "not valid JSON"),
     C("label empty", lambda: _raises(lambda: _score([""]), "LabelError"), "LabelError", "--data.label_key"),
@@ -512,6 +726,15 @@ CONVERT = [
     V("convert base model with a broken config", lambda w, t: [_fake_tag(t), str(t / "out"), "--base-model",
                                                               _bad_config_model(t, w)],
       "cannot build a model from its config"),
+    V("convert output is the checkpoint", lambda w, t: [ck := _fake_tag(t), ck, "--overwrite", "--base-model",
+                                                        w["policy"]],
+      "is the checkpoint folder", "would delete that input"),
+    V("convert output inside the checkpoint", lambda w, t: [ck := _fake_tag(t), ck + "/_actor/hf", "--base-model",
+                                                            w["policy"]], "lies inside the checkpoint folder"),
+    V("convert output holds the checkpoint", lambda w, t: [_fake_tag(t), str(t), "--overwrite", "--base-model",
+                                                           w["policy"]], "contains the checkpoint folder"),
+    V("convert output is the base model", lambda w, t: [_fake_tag(t), w["policy"], "--overwrite", "--base-model",
+                                                         w["policy"]], "is the base model folder"),
     V("convert bad dtype", lambda w, t: [_fake_tag(t), str(t / "out"), "--dtype", "int8"], "--dtype",
       "invalid choice"),
     Case("convert base model of another size", "convert", lambda w, t: _mismatched_base(w, t),
@@ -563,8 +786,67 @@ EVALUATE = [
     E("evaluate chat template kwargs not JSON", lambda w, t: _ev(w, t, "--chat-template-kwargs", "{x"),
       "--chat-template-kwargs", "not JSON"),
     E("evaluate unknown scorer", lambda w, t: _ev(w, t, "--scorer", "gsm8kk"), "no scorer", "--scorer"),
+    E("evaluate chat content null", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [_chat_row(_chat(None))])),
+      "d.jsonl:1", "message 0", "null"),
+    E("evaluate chat unknown role", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [
+        _chat_row(_chat("1 + 1 = ?", role="usr"))])), "d.jsonl:1", "unknown role 'usr'"),
+    E("evaluate chat content parts the template prints as a list", lambda w, t: _ev(w, t, data=_jsonl(
+        t / "d.jsonl", [_chat_row(_chat([{"type": "text", "text": "1 + 1"}]))])), "d.jsonl:1", "content parts"),
+    E("evaluate think tags swapped", lambda w, t: _ev(w, t, "--think-open", "</think>", "--think-close", "<think>"),
+      "--think-open", "swapped"),
+    E("evaluate think tags identical", lambda w, t: _ev(w, t, "--think-open", "</think>"), "--think-open",
+      "same tag"),
+    E("evaluate temperature nan", lambda w, t: _ev(w, t, "--temperature", "nan"), "--temperature"),
+    E("evaluate gpu memory utilization nan", lambda w, t: _ev(w, t, "--gpu-memory-utilization", "nan"),
+      "--gpu-memory-utilization", "finite"),
     E("evaluate think tag not in the tokenizer", lambda w, t: _ev(w, t, "--think-close", "</reasoning>"),
       "--think-open/--think-close"),
+]
+
+
+def _sandbox_request(body: str) -> tuple[int, str]:
+    """A request to the sandbox's real app (request validation happens before any program runs)."""
+    from fastapi.testclient import TestClient
+
+    from openrlhf_classmate.sandbox.app import create_app
+    from openrlhf_classmate.sandbox.config import SandboxConfig
+    from openrlhf_classmate.sandbox.service import Sandbox
+
+    cfg = SandboxConfig()
+    reply = TestClient(create_app(cfg, Sandbox(cfg)), raise_server_exceptions=False).post(
+        "/test_program", content=body, headers={"content-type": "application/json"})
+    return 0, f"HTTP {reply.status_code} {reply.text}"
+
+
+def _sandbox_cli(argv: list[str]) -> tuple[int, str]:
+    from openrlhf_classmate.sandbox.__main__ import config_from_args
+
+    return _capture(lambda: config_from_args(argv) and None)
+
+
+def X(id_: str, body: str, *expect: str) -> Case:
+    return Case(id_, "sandbox", lambda w, t: _sandbox_request(body), expect, outcome=True)
+
+
+SANDBOX = [
+    X("sandbox time limit NaN", '{"program": "x", "tests": ["assert 1"], "max_execution_time": NaN}', "HTTP 422",
+      "max_execution_time", "finite"),
+    X("sandbox time limit Infinity", '{"program": "x", "tests": ["assert 1"], "max_execution_time": Infinity}',
+      "HTTP 422", "max_execution_time"),
+    X("sandbox time limit negative", '{"program": "x", "tests": ["assert 1"], "max_execution_time": -1}',
+      "HTTP 422", "max_execution_time"),
+    X("sandbox time limit above the maximum", '{"program": "x", "tests": ["assert 1"], "max_execution_time": 1e9}',
+      "HTTP 422", "exceeds this service's limit"),
+    X("sandbox time limit a string", '{"program": "x", "tests": ["assert 1"], "max_execution_time": "5"}',
+      "HTTP 422", "max_execution_time"),
+    Case("sandbox flag max-time-limit inf", "sandbox", lambda w, t: _sandbox_cli(["--max-time-limit", "inf"]),
+         ("--max-time-limit", "finite")),
+    Case("sandbox flag grace-s nan", "sandbox", lambda w, t: _sandbox_cli(["--grace-s", "nan"]),
+         ("--grace-s", "finite")),
+    Case("sandbox flag max-request-mb inf", "sandbox", lambda w, t: _sandbox_cli(["--max-request-mb", "inf"]),
+         ("--max-request-mb", "finite")),
+    Case("sandbox flag default time limit above the maximum", "sandbox",
+         lambda w, t: _sandbox_cli(["--default-time-limit", "90"]), ("default_time_limit", "max_time_limit")),
 ]
 
 
@@ -577,12 +859,12 @@ def _config_only(t: Path, w: dict) -> str:
     return str(path)
 
 
-CASES = LAUNCHER + YAML + SETUP_DATA + SCORING + CONVERT + EVALUATE
+CASES = LAUNCHER + CHAT + NUMBERS + MORE_PREFLIGHT + YAML + SETUP_DATA + SCORING + SANDBOX + CONVERT + EVALUATE
 
 
 def test_the_table_is_large_and_covers_every_tool():
     counts = {tool: sum(c.tool == tool for c in CASES) for tool in
-              ("launcher", "yaml", "setup_data", "scoring", "convert", "evaluate")}
+              ("launcher", "yaml", "setup_data", "scoring", "sandbox", "convert", "evaluate")}
     assert all(n >= 5 for n in counts.values()), counts
     assert len(CASES) >= 60 and len({(c.tool, c.id) for c in CASES}) == len(CASES)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from openrlhf_classmate.algo.classmate_prompt import build_classmate_input, build_classmate_inputs, encode_text
-from openrlhf_classmate.algo.response_split import char_boundary
+from openrlhf_classmate.algo.response_split import char_boundary, cot_prefixes
 from openrlhf_classmate.algo.spans import think_token_ids
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.classmate_stage import ClassmateStage
@@ -191,6 +191,29 @@ def test_random_truncate_cuts_on_character_boundaries(bpe_world, main_kind):
         classmate = bpe_world.tokenizer(kind)
         for inp in build_classmate_inputs(classmate, [MESSAGES] * len(kept), kept, tok, **BIG):
             assert "\ufffd" not in classmate.decode(inp.input_ids)
+
+
+@pytest.mark.parametrize("main_kind", ["llama3", "sentencepiece"])
+def test_evaluations_fixed_fraction_cut_is_the_stages_random_truncate_cut(bpe_world, main_kind):
+    """``evaluate --truncate-cot F`` keeps what the classmate stage keeps when its ``random_truncate`` draw is F
+    (``--classmate.keep_min = keep_max = F``): the same floor, moved back to the same character boundary."""
+    tok = bpe_world.tokenizer(main_kind)
+    open_id, close_id = think_token_ids(tok)
+    cot = _cot_ids(tok, MULTIBYTE_COT)
+    response = [open_id] + cot + [close_id] + _cot_ids(tok, "3") + [tok.eos_token_id]
+    stage = _stage(bpe_world, main_kind, "--classmate.truncation", "random_truncate")
+    sample, moved = _sample(tok, response), 0
+    for keep in [i / 40 for i in range(1, 41)]:  # the stage takes keep_min > 0
+        stage.cfg.keep_min = stage.cfg.keep_max = keep
+        spans = stage.spans([sample])
+        by_stage = spans.response_ids[0][spans.cot[0]].tolist()
+        assert cot_prefixes(tok, [cot, []], keep) == [by_stage, []]  # an empty CoT stays empty
+        moved += len(by_stage) < int(keep * len(cot))
+        assert "\ufffd" not in tok.decode(by_stage)
+    assert moved > 0  # some cuts fell inside a character and were moved back
+    assert cot_prefixes(tok, [cot], 0.0) == [[]] and cot_prefixes(tok, [cot], 1.0) == [cot]
+    with pytest.raises(ValueError, match=r"keep must lie in \[0, 1\], got 1.5"):
+        cot_prefixes(tok, [cot], 1.5)
 
 
 def test_char_boundary_on_a_cut_inside_an_emoji(bpe_world):

@@ -1,10 +1,17 @@
-"""Checkpoint folders: which tag a resume loads when the newest one is torn, the ``*_hf`` rotation, and the strategy
-subclass that applies both inside upstream's actors (the full resume runs in ``test_faults_cpu.py``)."""
+"""Checkpoint folders: which tag a resume loads when the newest one is torn, the rotation of the DeepSpeed tags (only
+after the new tag is complete) and of the ``*_hf`` folders, and the strategy subclass that applies them inside
+upstream's actors: on a real DeepSpeed engine in a subprocess (:mod:`openrlhf_classmate.testing.ckpt_engine`),
+including a save killed half-way (the full launcher resume runs in ``test_faults_cpu.py``)."""
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import pickle
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -14,6 +21,7 @@ from openrlhf_classmate.integration.checkpoints import (
     choose_resume_tag,
     inspect_tag,
     rotate_hf_folders,
+    rotate_tags,
 )
 
 MODEL = "mp_rank_00_model_states.pt"
@@ -122,14 +130,147 @@ def test_strategy_subclass_is_what_upstream_builds_and_what_travels_to_the_actor
 def test_launcher_rebinds_get_strategy(monkeypatch):
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
     from openrlhf_classmate.integration import patches
     from openrlhf_classmate.integration.strategy import get_strategy
 
-    for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "ReferenceModelActor"),
-                         (cli, "placement_group"), (cli, "get_strategy"), (ppo_trainer, "PPOTrainer")):
+    for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "placement_group"),
+                         (cli, "get_strategy"), (ppo_trainer, "PPOTrainer"), (ppo_trainer_async, "PPOTrainerAsync")):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
-    reference = object()
-    patches.install_launcher(object(), object(), reference, object())
-    assert cli.ReferenceModelActor is reference
+    patches.install_launcher(object(), object(), object())
     assert cli.get_strategy is get_strategy
+
+
+# ── DeepSpeed tag rotation, after the new tag is complete ──
+
+
+def _metric(path: str) -> float | None:
+    try:
+        return json.load(open(os.path.join(path, "metric.json")))["metric_value"]
+    except OSError:
+        return None
+
+
+def _aged(actor, *names: str) -> None:
+    """mtimes in the order given (the rotation's tie-break), one second apart."""
+    for i, name in enumerate(names):
+        os.utime(actor / name, (1_000_000 + i, 1_000_000 + i))
+
+
+def test_rotation_keeps_max_num_complete_tags_and_removes_a_torn_one_first(tmp_path):
+    actor = tmp_path / "_actor"
+    for step in (1, 2, 3):
+        _tag(actor, step)
+    _cut(actor / "global_step2" / MODEL)  # a save killed half-way, newer than global_step1
+    _tag(actor, 4)
+    _aged(actor, "global_step1", "global_step2", "global_step3", "global_step4")
+    removed = rotate_tags(str(actor), "global_step4", 2, 1000, _metric, zero_stage=2)
+    assert [(os.path.basename(p), why.split(":")[0]) for p, why in removed] == [
+        ("global_step2", "incomplete"), ("global_step1", "no metric (oldest)")]
+    assert sorted(os.listdir(actor)) == ["global_step3", "global_step4", "latest"]
+    assert rotate_tags(str(actor), "global_step4", 2, 1000, _metric) == []  # nothing more to do
+    assert [os.path.basename(p) for p, _ in rotate_tags(str(actor), "global_step4", 1, 1000, _metric)] == [
+        "global_step3"]
+    assert sorted(os.listdir(actor)) == ["global_step4", "latest"]  # the new tag is never a candidate
+
+
+def test_rotation_follows_upstreams_metric_best_and_memory_rules(tmp_path):
+    actor = tmp_path / "_actor"
+    for step, metric in ((1, 0.9), (2, 0.1), (3, None), (4, 0.5)):
+        _tag(actor, step)
+        if metric is not None:
+            (actor / f"global_step{step}" / "metric.json").write_text(json.dumps({"metric_value": metric}))
+    _tag(actor, 2, prefix="best_")
+    _aged(actor, "global_step1", "global_step2", "global_step3", "best_global_step2", "global_step4")
+    # no metric first, then the worst metric; a best tag is neither counted nor removed by max_num
+    assert [os.path.basename(p) for p, _ in rotate_tags(str(actor), "global_step4", 2, 1000, _metric)] == [
+        "global_step3", "global_step2"]
+    # max_mem (GiB) counts every folder but the new one, best included, and removes only regular ones
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(actor / "global_step1") for f in fs)
+    assert [os.path.basename(p) for p, _ in rotate_tags(str(actor), "global_step4", 9, 1.5 * size / 1024**3,
+                                                         _metric)] == ["global_step1"]
+    assert sorted(os.listdir(actor)) == ["best_global_step2", "global_step4", "latest"]
+    _tag(actor, 5, prefix="best_")  # a new best replaces the old best, once it is complete; max_num ignores it
+    assert [os.path.basename(p) for p, _ in rotate_tags(str(actor), "best_global_step5", 1, 1000, _metric)] == [
+        "best_global_step2"]
+    assert sorted(os.listdir(actor)) == ["best_global_step5", "global_step4", "latest"]
+
+
+def test_save_ckpt_override_keeps_upstreams_signature():
+    """The override replaces upstream's ``save_ckpt`` whole (its rotation ran before the save); a change of
+    upstream's signature, defaults or the metric helpers it uses must fail here (the file's hash is pinned too, in
+    ``patches.UPSTREAM_SHA256``)."""
+    from openrlhf.utils.deepspeed import DeepspeedStrategy
+
+    from openrlhf_classmate.integration.strategy import ResilientDeepspeedStrategy
+
+    ours, upstream = (inspect.signature(c.save_ckpt) for c in (ResilientDeepspeedStrategy, DeepspeedStrategy))
+    assert list(ours.parameters.items()) == list(upstream.parameters.items())
+    assert list(upstream.parameters) == ["self", "model", "save_dir", "tag", "max_num", "max_mem", "client_state",
+                                         "save_latest", "metric_value", "metric_key"]
+    for name in ("_write_ckpt_metric", "_read_ckpt_metric", "is_rank_0", "print"):
+        assert callable(getattr(DeepspeedStrategy, name)), name
+    from openrlhf_classmate.integration.patches import UPSTREAM_SHA256
+
+    assert "utils/deepspeed/deepspeed.py" in UPSTREAM_SHA256
+
+
+def _engine(*argv: str) -> list[dict]:
+    """Run :mod:`openrlhf_classmate.testing.ckpt_engine`; its JSON lines (a killed save ends the list)."""
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.testing.ckpt_engine", *argv],
+                          capture_output=True, text=True, timeout=300)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    from openrlhf_classmate.testing.ckpt_engine import CRASH_EXIT
+
+    assert proc.returncode == (CRASH_EXIT if "--crash-in-save" in argv else 0), proc.stderr[-3000:]
+    return lines
+
+
+@pytest.mark.slow
+def test_a_save_killed_at_max_num_1_leaves_the_previous_checkpoint_to_resume_from(tmp_path):
+    actor = str(tmp_path / "_actor")
+    started = time.time()
+    saved, killed = _engine("save", actor, "--saves", "1,2", "--max-num", "1", "--crash-in-save", "2")
+    assert saved["saved"] == "global_step1" and killed["killed_after"] == "mp_rank_00_model_states.pt"
+    assert sorted(os.listdir(actor)) == ["global_step1", "global_step2", "latest", "zero_to_fp32.py"]
+    assert open(os.path.join(actor, "latest")).read() == "global_step1"
+    assert "no *optim_states.pt" in inspect_tag(os.path.join(actor, "global_step2"), zero_stage=2)
+
+    (resumed,) = _engine("resume", actor)
+    assert resumed["loaded"] == "global_step1" and resumed["global_steps"] == 1 and resumed["data_step"] == 1
+    assert resumed["weights"] == saved["weights"]  # the step-1 weights, not the fresh engine's (seed 1)
+    assert time.time() - started < 60
+
+
+@pytest.mark.slow
+def test_upstream_save_ckpt_still_deletes_the_old_tag_before_the_save(tmp_path):
+    """Why the override exists: the same kill under upstream's ``save_ckpt`` leaves no complete tag. When this fails
+    upstream has changed its order, and the override may go."""
+    actor = str(tmp_path / "_actor")
+    _engine("save", actor, "--saves", "1,2", "--max-num", "1", "--crash-in-save", "2", "--upstream")
+    assert sorted(os.listdir(actor)) == ["global_step2", "latest", "zero_to_fp32.py"]
+    with pytest.raises(CheckpointError, match="global_step1 does not exist"):
+        choose_resume_tag(actor, zero_stage=2)
+
+
+@pytest.mark.slow
+def test_rotation_on_a_real_engine_keeps_what_upstream_keeps(tmp_path):
+    scenarios = []
+    for name, tags, extra in [
+        ("max_num", ["global_step1", "global_step2", "global_step3"], {"max_num": 2}),
+        ("metrics", ["global_step1", "global_step2", "global_step3"], {"max_num": 2, "metrics": [0.9, 0.1, 0.5]}),
+        ("max_mem", ["global_step1", "global_step2", "global_step3"], {"max_num": 9, "max_mem": 1e-9}),
+        ("best", ["global_step1", "best_global_step2", "global_step3", "best_global_step4"], {"max_num": 1}),
+    ]:
+        for upstream in (False, True):
+            scenarios.append({"dir": str(tmp_path / f"{name}_{upstream}"), "tags": tags, "upstream": upstream,
+                              **extra})
+    results = _engine("rotate", json.dumps(scenarios))
+    kept = {(sc["dir"].rsplit("/", 1)[1]): r["listing"] for sc, r in zip(scenarios, results)}
+    assert kept["max_num_False"] == ["global_step2", "global_step3"]  # max_num 2, three saves: the newest two
+    assert kept["metrics_False"] == ["global_step1", "global_step3"]  # the worst metric (0.1) went
+    assert kept["max_mem_False"] == ["global_step3"]
+    assert kept["best_False"] == ["best_global_step4", "global_step3"]
+    for name in ("max_num", "metrics", "max_mem", "best"):
+        assert kept[f"{name}_False"] == kept[f"{name}_True"], name  # upstream's policy, applied later

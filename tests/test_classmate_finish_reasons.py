@@ -101,3 +101,26 @@ def test_the_stage_reports_where_its_time_goes(world, monkeypatch):
     assert m["classmate/score_time"] == pytest.approx(0.2, abs=0.1)
     assert m["classmate/generation_time"] == pytest.approx(0.3, abs=0.1)  # dispatch -> last answer finished
     assert 0 < m["classmate/dispatch_time"] < m["classmate/generation_time"]
+
+
+def test_classmate_requests_ask_for_the_final_token_ids_only(world, monkeypatch):
+    # the executor reads the finished answer's token ids: no per-token cumulative outputs, no engine-side
+    # detokenisation (both cost Python time per generated token in the engine); checked against vLLM's own
+    # SamplingParams validation (the CPU shim mirrors it; on the GPU machine it is the real class)
+    from vllm.sampling_params import RequestOutputKind
+
+    monkeypatch.setattr(ray, "get", lambda x: x)
+    seen = []
+
+    class Recording(Engine):
+        def _generate(self, prompt, label, sampling_params, **kwargs):
+            seen.append(sampling_params)
+            return super()._generate(prompt, label, sampling_params, **kwargs)
+
+    stage = ClassmateStage(_stage_args(world), world.tok, [[Recording(world.tok, ["stop"] * 4)]], [world.tok])
+    samples = [_sample(world.tok, "<think> 1 + 2 = 3 </think> 3", 1.0) for _ in range(4)]
+    result = stage.gather(stage.dispatch(samples), torch.ones(4))
+    assert result.valid.all() and result.reward.tolist() == [1.0] * 4  # answers decoded by the stage itself
+    assert len(seen) == 4
+    assert all(p.output_kind == RequestOutputKind.FINAL_ONLY and p.detokenize is False for p in seen)
+    assert len({p.seed for p in seen}) == 4  # each request still has its own seed

@@ -13,6 +13,8 @@ import pytest
 
 from openrlhf_classmate.config_fields import Bound, add_dataclass_group, option_help
 from openrlhf_classmate.integration.args import build_parser, parse_args
+from openrlhf_classmate.integration.chunked_actor import LogprobsConfig
+from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
 from openrlhf_classmate.integration.preflight import RANGES
 from openrlhf_classmate.rewards.darling import DarlingConfig
 from openrlhf_classmate.rewards.vrcli import VrcliConfig
@@ -88,7 +90,7 @@ def _numeric(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "int" in str(f.type) or "float" in str(f.type)]
 
 
-@pytest.mark.parametrize("cls", [TinyVConfig, DarlingConfig, VrcliConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [TinyVConfig, DarlingConfig, VrcliConfig, LogprobsConfig], ids=lambda c: c.__name__)
 def test_every_numeric_option_of_the_reward_method_groups_has_a_range(cls):
     assert [f.name for f in _numeric(cls) if "range" not in f.metadata] == []
 
@@ -117,9 +119,10 @@ ENABLE = {
     "darling.ngram": ["--algo.advantage.estimator", "dr_grpo", "--darling.diversity", "ngram"],
     "vrcli": ["--algo.kl.init_coef", "1e-6", "--data.label_key", "label", "--vrcli.enable", "--vrcli.baseline",
               "online"],
+    "logprobs": ["--logprobs.chunked"],
 }
 CASES = [(prefix, f.name, value) for prefix, cls in (("tinyv", TinyVConfig), ("darling", DarlingConfig),
-                                                     ("vrcli", VrcliConfig))
+                                                     ("vrcli", VrcliConfig), ("logprobs", LogprobsConfig))
          for f in _numeric(cls) for value in _outside(f)]
 
 
@@ -129,3 +132,58 @@ def test_the_launch_checks_refuse_a_value_just_outside_the_range_the_help_states
     parse_args(BASE + enable)  # the run is valid without the bad value
     with pytest.raises(SystemExit, match=rf"error: .*--{prefix}\.{name}"):
         parse_args(BASE + enable + [f"--{prefix}.{name}", value])
+
+
+# ── every number finite (issue 24): one type for every float flag, one check for every group's field ──
+
+GROUPS = [("classmate", ClassmateConfig), ("engine", EngineConfig), ("tinyv", TinyVConfig), ("darling", DarlingConfig),
+          ("vrcli", VrcliConfig), ("logprobs", LogprobsConfig)]
+# (prefix, field, value); a field of two values gets the bad one first (argparse would read a second '-inf' as an
+# option, so those fields get nan and inf only)
+NON_FINITE = [(prefix, f.name, value) for prefix, cls in GROUPS for f in dataclasses.fields(cls)
+              if "float" in str(f.type) for value in ("nan", "inf", "-inf")
+              if not (f.metadata.get("nargs") == 2 and value == "-inf")]
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
+
+
+def test_every_float_flag_ours_and_upstreams_parses_as_a_finite_number(parser):
+    from openrlhf_classmate.config_fields import finite_float, not_nan_float
+    from openrlhf_classmate.integration.args import INFINITE_OK
+
+    floats = {a.dest: a.type for a in parser._actions if a.type in (float, finite_float, not_nan_float)}
+    assert len(floats) > 40 and float not in floats.values()
+    assert {d for d, t in floats.items() if t is not_nan_float} == set(INFINITE_OK)
+
+
+@pytest.mark.parametrize("prefix,name,value", NON_FINITE, ids=[f"{p}.{n}={v}" for p, n, v in NON_FINITE])
+def test_every_float_field_of_every_group_refuses_non_finite_values(parser, prefix, name, value, capsys):
+    action = next(a for a in parser._actions if a.dest == f"{prefix}.{name}")
+    if isinstance(action.nargs, int):
+        argv = [f"--{prefix}.{name}", value, "1"]
+    else:
+        argv = [f"--{prefix}.{name}={value}"]  # '=' keeps argparse from reading -inf as an option
+    with pytest.raises(SystemExit):
+        parser.parse_args(BASE + argv)
+    assert capsys.readouterr().err == (f"error: argument --{prefix}.{name}: must be a finite number, got "
+                                       f"{value!r}\n")
+
+
+def test_configs_built_in_code_are_checked_by_the_same_ranges():
+    from openrlhf_classmate.config_fields import field_problem
+    from openrlhf_classmate.sandbox.config import SandboxConfig
+
+    with pytest.raises(ValueError, match=r"--tinyv.timeout_s must be a finite number, got inf"):
+        TinyVConfig(base_url="http://127.0.0.1:9/v1", timeout_s=math.inf)  # e.g. from OPENRLHF_CLASSMATE_TINYV
+    with pytest.raises(ValueError, match=r"--tinyv.backoff_s must be >= 0, got -1"):
+        TinyVConfig(base_url="http://127.0.0.1:9/v1", backoff_s=-1)
+    assert field_problem("darling", DarlingConfig, DarlingConfig(quality_values=[1.0, math.nan])) == (
+        "--darling.quality_values must be a finite number, got nan")
+    assert field_problem("vrcli", VrcliConfig, VrcliConfig(thresholds=[math.nan, 1.0])) == (
+        "--vrcli.thresholds must be a finite number, got nan")
+    assert field_problem("darling", DarlingConfig, DarlingConfig()) is None
+    with pytest.raises(ValueError, match="finite numbers > 0: max_time_limit=inf"):
+        SandboxConfig(max_time_limit=math.inf)

@@ -4,6 +4,8 @@ end-to-end launcher run (one 2-step run per module), plus the error cases and th
 import glob
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -95,6 +97,17 @@ def test_tags_actor_folder_fp32_and_overwrite(run, tmp_path):
 
 
 @pytest.mark.slow
+def test_converting_a_checkpoint_onto_itself_is_refused_and_the_checkpoint_survives(run, tmp_path):
+    """`convert CKPT CKPT --overwrite` used to verify, install and so delete the whole training checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(os.path.join(run["root"], "ckpt"), ckpt)
+    before = _files(ckpt)
+    assert cc.main([str(ckpt), str(ckpt), "--overwrite"]) == 1
+    assert cc.main([str(ckpt / "_actor"), str(ckpt), "--overwrite", "--no-verify"]) == 1
+    assert _files(ckpt) == before and sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+@pytest.mark.slow
 def test_a_failed_verification_leaves_nothing_behind(run, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise cc.ConversionError("verification failed: simulated")
@@ -154,6 +167,46 @@ def test_missing_base_model(tmp_path, capsys):
     assert "error: base model" in capsys.readouterr().err
     ckpt = _fake_checkpoint(tmp_path / "b", hf=True)
     assert cc.find_base_model(str(ckpt / "_actor"), "global_step3", None) == str(ckpt / "global_step3_hf")
+
+
+def _files(root) -> dict[str, int]:
+    return {os.path.relpath(os.path.join(d, f), root): os.path.getsize(os.path.join(d, f))
+            for d, _, names in os.walk(root) for f in names}
+
+
+def test_an_output_over_an_input_is_refused_without_suggesting_overwrite(tmp_path, capsys):
+    ckpt = _fake_checkpoint(tmp_path, hf=True)
+    actor = ckpt / "_actor"
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    os.symlink(ckpt, tmp_path / "link")
+    before = _files(tmp_path)
+    cases = [  # (CKPT_DIR, OUT_DIR, --base-model, expected words)
+        (ckpt, ckpt, None, f"is the checkpoint folder {ckpt} "),
+        (actor, actor, None, f"is the checkpoint folder {actor} "),
+        (actor, ckpt, None, f"is the checkpoint folder {ckpt} "),  # the --ckpt.path above the _actor folder
+        (ckpt, tmp_path, None, "contains the checkpoint folder"),
+        (ckpt, actor / "global_step3", None, "lies inside the checkpoint folder"),
+        (actor, ckpt / "converted", None, f"lies inside the checkpoint folder {ckpt} "),  # the --ckpt.path
+        (actor, ckpt / "global_step3_hf", None, f"is the base model folder {ckpt / 'global_step3_hf'} "),  # found
+        (ckpt, tmp_path / "link", None, "is the checkpoint folder"),  # through a symlink
+        (tmp_path / "link" / "_actor", ckpt / "converted", None, "lies inside the checkpoint folder"),
+        (ckpt, base, str(base), f"is the base model folder {base}"),
+        (ckpt, base / "sub", str(base), "lies inside the base model folder"),
+    ]
+    for ckpt_dir, out, base_model, words in cases:
+        for overwrite in (False, True):
+            with pytest.raises(cc.ConversionError, match=re.escape(words)) as info:
+                cc.convert(str(ckpt_dir), str(out), base_model=base_model, overwrite=overwrite)
+            assert "--overwrite" not in str(info.value) and "\n" not in str(info.value)
+    assert cc.main([str(ckpt), str(ckpt), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: OUT_DIR {ckpt} is the checkpoint folder") and err.count("\n") == 1
+    assert _files(tmp_path) == before  # nothing written, nothing removed
+    # a sibling folder is fine (fails later, at the fake checkpoint's empty base config, not at the output check)
+    with pytest.raises(cc.ConversionError, match="cannot build a model from its config"):
+        cc.convert(str(ckpt), str(tmp_path / "out"), overwrite=True)
 
 
 # ── hub upload (mocked) ──

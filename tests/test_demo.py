@@ -4,7 +4,8 @@ DeepSpeed + HF engines on CPU). Checks the artefacts and that training moved the
 
 Margins: quick runs measured (seeds 0, 2, 3) held-out main accuracy +29 to +35 points, classmate accuracy +35 to
 +39 points, CoT length +4 to +5 tokens, and training-rollout classmate reward +0.33 to +0.37 (first 2 steps -> last
-3). The warm-start is bit-reproducible for a seed; the RL stage is seeded but not bit-exact (the HF engine batches
+3); truncated-CoT transfer (seed 0, evaluate's checkpoint sweep): the classmate reading the whole CoT 15.8% before
+RL -> 49.0% after, reading none of it 0% (it has nothing to repeat). The warm-start is bit-reproducible for a seed; the RL stage is seeded but not bit-exact (the HF engine batches
 requests as they arrive), so the thresholds below sit at about half of the smallest measured change.
 """
 
@@ -97,3 +98,24 @@ def test_quick_demo_metrics_move_the_right_way(quick_demo):
     assert mean("classmate_reward", last) - mean("classmate_reward", first) >= 0.15, rows
     assert mean("main_reward", last) - mean("main_reward", first) >= 0.12, rows
     assert mean("cot_tokens", last) - mean("cot_tokens", first) >= 2.0, rows
+
+
+def test_quick_demo_summary_shows_the_transfer_curve_of_the_evaluate_sweep(quick_demo):
+    out, log = quick_demo
+    with open(os.path.join(out, "summary.json")) as f:
+        transfer = json.load(f)["transfer"]["classmate"]
+    with open(os.path.join(out, "runs", "classmate", "transfer", "sweep.json")) as f:
+        sweep = json.load(f)  # what evaluate --checkpoints ... --truncate-cot wrote
+    fractions = ["0", "0.25", "0.5", "0.75", "1"]
+    assert [(c["name"], c["step"]) for c in sweep["checkpoints"]] == [("start", 0), ("step5", 5), ("step10", 10)]
+    for entry in sweep["checkpoints"]:
+        by_fraction = entry["metrics"]["arithmetic"]["transfer"]["classmate"]
+        assert transfer["curves"][str(entry["step"])] == {f: by_fraction[f]["accuracy"] for f in fractions}
+    before, after = transfer["curves"]["0"], transfer["curves"]["10"]
+    assert after["1"] - before["1"] >= 0.15, (before, after)  # RL made the whole CoT more useful to the classmate
+    assert after["1"] - after["0"] >= 0.25, after  # ... and it is the CoT that carries the answer
+    with open(os.path.join(out, "summary.md")) as f:
+        summary_md = f.read()
+    assert "## Truncated-CoT transfer" in summary_md and "`runs/classmate/transfer/transfer.png`" in summary_md
+    row = "| classmate GDPO | step 10 (after RL) | " + " | ".join(f"{100 * after[f]:.1f}%" for f in fractions) + " |"
+    assert row in summary_md and "step  10: classmate accuracy after 0/25/50/75/100% of the CoT" in log

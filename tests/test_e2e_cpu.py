@@ -81,6 +81,11 @@ def test_plain_grpo_baseline_runs_through_our_launcher(tmp_path):
     tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
     assert not [tag for tag in tb if "classmate" in tag]
     assert set(tb["train/reward"]) == {1, 2}
+    # train-inference mismatch on by default: the engine follows the weights (bf16 actor vs fp32 HF engine: ~0.006)
+    for key in ("logprob_abs_diff_mean", "logprob_abs_diff_max", "kl_k3"):
+        assert set(tb[f"train/mismatch/{key}"]) == {1, 2}
+    assert all(0 < v < 0.02 for v in tb["train/mismatch/logprob_abs_diff_mean"].values())
+    assert "train-inference mismatch" not in open(tmp_path / "run.log").read()
     change = max_weight_change(model_weights(world["policy"]), model_weights(os.path.join(world["root"], "hf_final")))
     assert change > 1e-4
 
@@ -142,7 +147,8 @@ def test_async_classmate_training_dispatches_in_the_rollout_actor(tmp_path):
     _launch(launcher_argv(world, estimator="gdpo", max_samples=12, extra=["--train.async_enable"]),
             str(tmp_path / "run.log"))
     tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
-    for tag in ("train/classmate/reward", "train/classmate/valid", "train/classmate/stage_time"):
+    for tag in ("train/classmate/reward", "train/classmate/valid", "train/classmate/stage_time",
+                "train/mismatch/logprob_abs_diff_mean"):  # the rollout actor asks for the engines' log-probs
         assert set(tb[tag]) == {1, 2, 3}, tag
     assert all(v == 1.0 for v in tb["train/classmate/request_fraction"].values())  # no batch without its scores
     with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:

@@ -51,10 +51,15 @@ def _args(world, *extra, classmate=True, policy=None):
     return parse_args(argv + list(extra))
 
 
-def _sample(tok, prompt: str, response: str, reward: float, valid: bool = True, truncated: bool = False):
+def _sample(tok, prompt: str, response: str, reward: float, valid: bool = True, truncated: bool = False,
+            cut_to: int | None = None):
+    """A rollout sample; ``cut_to``: its prompt ids cut from the front to that many, as upstream's executor does to a
+    prompt longer than its room (the sample keeps the full prompt text)."""
     messages = [{"role": "user", "content": prompt}]
     prompt_text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
+    if cut_to is not None:
+        prompt_ids = prompt_ids[-cut_to:]
     response_ids = tok(response, add_special_tokens=False)["input_ids"] + ([] if truncated else [tok.eos_token_id])
     seq = torch.tensor(prompt_ids + response_ids)
     action_mask = torch.zeros(len(seq) - 1, dtype=torch.bool)
@@ -439,6 +444,81 @@ def test_plain_runs_mask_invalid_main_scores_too_and_equal_upstream_otherwise(wo
         maker.make_experience_batch(_rollout(world.tok, valid=[False] * 12))
 
 
+def _invalid_rollout(tok, invalid):
+    """The rollout with the rows in ``invalid`` failed: main_valid 0 and the placeholder reward 0 that the reward
+    function reports for them."""
+    return [_sample(tok, "1 + 2 = ?", r, 0.0 if i in invalid else m, valid=i not in invalid)
+            for i, (r, m) in enumerate(RESPONSES)]
+
+
+def _whitened(rows: dict, valid: list[bool], centre_only: bool = False) -> dict:
+    """Upstream's batch whitening by hand, over the tokens of the valid rows only (biased variance)."""
+    tokens = torch.cat([rows[i].double() for i in rows if valid[i]])
+    mean, std = tokens.mean(), 1.0 if centre_only else tokens.var(unbiased=False).clamp(min=1e-8).sqrt()
+    return {i: (rows[i].double() - mean) / std if valid[i] else torch.zeros_like(rows[i].double()) for i in rows}
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_baseline", "reinforce", "flash_reinforce"])
+def test_plain_runs_leave_invalid_scores_out_of_upstreams_batch_statistics(world, fake_ray, estimator):
+    # issue 23 item 1: whitening (reinforce_baseline, reinforce) and the batch mean (flash_reinforce) over the valid
+    # rows only; an invalid row's advantage is exactly 0 on every token
+    args = _args(world, "--algo.advantage.estimator", estimator, classmate=False)
+    maker, _ = _maker(args, world.tok, fake_ray, classmate=False)
+    invalid = {1, 6}
+    valid = [i not in invalid for i in range(12)]
+    out = _per_row(maker.make_experience_batch(_invalid_rollout(world.tok, invalid)), "advantages")
+    lengths = {i: len(out[i]) for i in range(12)}
+    ok = torch.tensor(valid)
+    if estimator == "reinforce_baseline":  # group mean over valid rows, then whitened over valid tokens
+        centred = torch.zeros(12, dtype=torch.float64)
+        for g in range(3):
+            members = [i for i in range(4 * g, 4 * g + 4) if valid[i]]
+            centred[members] = MAIN[members] - MAIN[members].mean()
+        expected = _whitened({i: centred[i].expand(lengths[i]) for i in range(12)}, valid)
+    elif estimator == "reinforce":  # no baseline; the return R on every token, whitened over valid tokens
+        expected = _whitened({i: MAIN[i].expand(lengths[i]) for i in range(12)}, valid)
+    else:  # flash_reinforce: R - the batch mean of the valid rewards, no whitening
+        expected = {i: (MAIN[i] - MAIN[ok].mean()).expand(lengths[i]) * float(valid[i]) for i in range(12)}
+    for i in range(12):
+        torch.testing.assert_close(out[i].double(), expected[i], rtol=0, atol=1e-5, msg=f"row {i}")
+    assert out[1].eq(0).all() and out[6].eq(0).all()
+    # with every score valid, upstream's own tensors are kept untouched
+    all_valid = _per_row(maker.make_experience_batch(_rollout(world.tok)), "advantages")
+    reference = _per_row(_upstream(args, world.tok, _rollout(world.tok)), "advantages")
+    assert all(torch.equal(all_valid[i], reference[i]) for i in range(12))
+
+
+def test_gae_stops_at_an_invalid_main_score_its_critic_would_learn(world, fake_ray):
+    # the preflight refuses gae with the scorer-registry reward; a user's reward function can still mark scores
+    from openrlhf_classmate.errors import TrainingStopped
+
+    args = _args(world, "--algo.advantage.estimator", "gae", "--reward.remote_url", "http://127.0.0.1:9/score",
+                 classmate=False)
+    critic = FakeModelGroup(lambda seq: 0.1 * (seq[:, 1:] % 4).float(), fake_ray, "critic")
+    maker = ClassmateExperienceMaker(FakeModelGroup(actor_log_probs, fake_ray, "actor"), critic, None, None,
+                                     FixedKLController(0.0), SimpleNamespace(args=args), world.tok)
+    assert len(maker.make_experience_batch(_rollout(world.tok))) > 0  # all valid: upstream's gae as is
+    with pytest.raises(TrainingStopped, match="reached --algo.advantage.estimator gae, whose critic would learn"):
+        maker.make_experience_batch(_invalid_rollout(world.tok, {3}))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "grpo_w_classmate", "gdpo"])
+def test_whitened_classmate_runs_give_rows_with_an_invalid_main_score_zero(world, fake_ray, estimator):
+    args = _args(world, "--classmate.estimator", estimator, "--algo.advantage.estimator", "reinforce_baseline")
+    maker, _ = _maker(args, world.tok, fake_ray)
+    out = maker.make_experience_batch(_invalid_rollout(world.tok, {1, 6}))
+    rows = _per_row(out, "advantages")
+    cot = _per_row(out, "cot_mask")
+    for i in (1, 6):  # the classmate scored these rows (valid), the main reward did not
+        if estimator == "gdpo":  # S = w_c A^c still trains the CoT; the answer tokens carry A^m: none
+            assert rows[i][~cot[i]].eq(0).all()
+        else:  # the single stream needs a valid main score
+            assert rows[i].eq(0).all()
+    trained = torch.cat([rows[i][cot[i] if i in (1, 6) else torch.ones_like(cot[i])] for i in range(12)]).double()
+    trained = trained if estimator == "gdpo" else torch.cat([rows[i] for i in range(12) if i not in (1, 6)]).double()
+    assert trained.mean().abs() < 1e-6 and (trained.var(unbiased=False) - 1).abs() < 1e-5  # whitened over them
+
+
 def test_separated_advantages_live_on_the_cot_and_the_stage_overlaps_the_forwards(world, fake_ray):
     out, engine = _run(world, fake_ray, "--algo.advantage.estimator", "dr_grpo")
     # not colocated: requests go out before the actor forward and are gathered after it
@@ -599,3 +679,76 @@ def test_reward_hooks_see_the_whole_batch_before_every_estimator(world, fake_ray
     assert scalars[:4].tolist() == pytest.approx([-1.0, 0.0, 1.0, 0.0])  # row 3 invalid: mean of 0, 1, 2
     assert scalars[4:8].tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
     assert all(torch.all(e.info["hook/score_mean"] == 1.5) for e in out)
+
+
+def test_prompts_cut_by_upstream_and_classmate_calls_over_the_context_are_said_once_with_counts(world, fake_ray,
+                                                                                                  capfd):
+    # room for a prompt: --data.max_len 40 - --rollout.max_new_tokens 12 = 28 tokens; the first group's prompt is
+    # longer and arrives cut to 28 (as upstream's executor leaves it); a 24-token classmate context skips row 5
+    args = _args(world, "--classmate.estimator", "separated", "--classmate.max_context", "24")
+    maker, _ = _maker(args, world.tok, fake_ray)
+    long_prompt = " ".join(["1 +"] * 15) + " 2 = ?"
+
+    def rollout():
+        return [_sample(world.tok, long_prompt if i < 4 else "1 + 2 = ?", r, m, cut_to=28 if i < 4 else None)
+                for i, (r, m) in enumerate(RESPONSES)]
+
+    first = maker.make_experience_batch(rollout())
+    second = maker.make_experience_batch(rollout())
+    for out in (first, second):
+        assert out[0].info["prompt_truncated"][0].item() == pytest.approx(4 / 12)
+    said = capfd.readouterr()
+    text = said.out + said.err
+    assert text.count("4 of 12 rollout samples of this step had their prompt cut from the front to 28 tokens") == 1
+    assert text.count("classmate: 5 of 12 requests of this step were skipped") == 1  # the long prompts + row 5
+    assert "--classmate.max_context 24" in text
+    # a prompt that fits exactly is not counted
+    maker, _ = _maker(args, world.tok, fake_ray)
+    exact = maker.truncated_prompts([_sample(world.tok, "1 + 2 = ?", "<think> 3 </think> 3", 1.0, cut_to=28)])
+    assert exact == {"prompt_truncated": 0.0}
+
+
+def test_bench_alternation_runs_the_classmate_on_odd_batches_and_plain_grpo_on_even_ones(world, fake_ray, monkeypatch):
+    # bench/step_time.py --interleave: GDPO and GRPO steps timed in one process; an even batch must be exactly
+    # upstream's GRPO (no classmate call, upstream's advantages), an odd one the full classmate step
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    extra = ["--algo.advantage.estimator", "group_norm"]
+    maker, _ = _maker(_args(world, *extra), world.tok, fake_ray)
+    reference = _per_row(_upstream(_args(world, *extra, classmate=False), world.tok, _rollout(world.tok)),
+                         "advantages")
+    for batch in (1, 2, 3):
+        fake_ray.clear()
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        classmate_step = batch % 2 == 1
+        assert ("generate" in fake_ray) == classmate_step
+        assert all(float(e.info["bench/classmate_step"][0]) == float(classmate_step) for e in experiences)
+        assert all(("classmate/stage_time" in e.info) == classmate_step for e in experiences)
+        if not classmate_step:
+            ours = _per_row(experiences, "advantages")
+            for i in range(12):
+                torch.testing.assert_close(ours[i].double(), reference[i].double(), rtol=0, atol=2e-6)
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    with pytest.raises(ValueError, match="single-advantage estimator"):
+        _maker(_args(world, "--classmate.estimator", "separated"), world.tok, fake_ray)
+
+
+@pytest.mark.parametrize("classmate", [False, True])
+def test_each_rollout_batch_measures_the_engines_log_probs_against_the_actors(world, fake_ray, classmate):
+    """The mismatch statistics (issue 25) of a rollout batch that upstream splits into micro-batches of 5, 5 and 2
+    samples of different widths, against the same numbers worked out sample by sample."""
+    samples = _rollout(world.tok)
+    d = torch.cat([(actor_log_probs(s.sequences) - s.rollout_log_probs)[s.action_mask.bool()].double()
+                   for s in samples])
+    grpo = ["--algo.advantage.estimator", "group_norm"]
+    maker, _ = _maker(_args(world, *grpo, classmate=classmate), world.tok, [], classmate=classmate)
+    maker.make_experience_batch(samples)
+    m = maker.last_mismatch
+    assert m.tokens == d.numel() == sum(int(s.action_mask.sum()) for s in samples)
+    assert m.abs_diff_mean == pytest.approx(float(d.abs().mean()), abs=1e-7)
+    assert m.abs_diff_max == pytest.approx(float(d.abs().max()), abs=1e-7)
+    assert m.kl_k3 == pytest.approx(float((d.exp() - 1 - d).mean()), abs=1e-7)
+    assert 0.01 < m.abs_diff_mean < 0.03  # the cosine term of the fixture's rollout log-probs
+    off, _ = _maker(_args(world, *grpo, "--engine.no_mismatch_metrics", classmate=classmate), world.tok, [],
+                    classmate=classmate)
+    off.make_experience_batch(_rollout(world.tok))
+    assert off.last_mismatch is None

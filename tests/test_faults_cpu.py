@@ -6,7 +6,9 @@ user would start it, against a real local judge server on 127.0.0.1 (``scoring.t
 * ``kill -9`` of the whole run during a step, then a resume: it continues at the step after the last checkpoint,
   with the data loader where it was (the resumed step scores exactly the prompts the killed step had drawn);
 * a torn checkpoint (the newest tag's model file cut short): the resume names the file, falls back to the previous
-  complete tag and continues from there; the ``*_hf`` folders rotate with ``--ckpt.max_num``.
+  complete tag and continues from there; the ``*_hf`` folders rotate with ``--ckpt.max_num``;
+* a weight sync the policy engine drops (issue 25): the train-inference mismatch metrics jump by orders of magnitude
+  at the next step, which prints one warning line naming it.
 
 Every row of the data carries its own judge key, so the server's request log tells which prompts each step scored.
 """
@@ -14,6 +16,7 @@ Every row of the data carries its own judge key, so the server's request log tel
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
@@ -83,6 +86,26 @@ def test_judge_down_for_a_whole_step_is_masked_counted_warned_and_the_run_goes_o
     assert "16 of 16 judge requests failed" in warnings[0]
     assert "first failure (main answer): judge HTTP 503 after 1 retry" in warnings[0]
     assert "Traceback" not in log
+
+
+def test_judge_down_with_dynamic_filtering_stops_with_the_all_invalid_message(tmp_path):
+    # issue 23 item 3: upstream's filter averaged the placeholder zeros, dropped and replaced every group until the
+    # epoch ran out, and the run exited 0 having trained nothing; now the dropped groups count as all-invalid steps
+    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
+    log_path = str(tmp_path / "run.log")
+    with serve_in_thread(down_keys=8) as server:  # 503 to every request: the judge is down for the whole run
+        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server) + [
+            "--algo.dynamic_filtering_enable", "--classmate.stop_after_invalid_steps", "1"])
+        code = run_launcher(argv, log_path, cwd=REPO, timeout=900)
+        statuses = list(server.statuses)
+    log = open(log_path, errors="replace").read()
+    assert code == 1, log[-6000:]
+    message = ("error: dynamic filtering dropped 4 prompt groups whose main scores were all invalid (1 x "
+               "--rollout.batch_size 4): no score has been valid yet (judge or verifier down or misconfigured? see "
+               "the reward function's log lines); stopping (--classmate.stop_after_invalid_steps)")
+    assert log.splitlines().count(message) == 1, log[-6000:]  # the launcher's one line (Ray's output interleaves)
+    assert statuses and set(statuses) == {503}
+    assert not os.path.exists(os.path.join(world["root"], "ckpt", "_actor", "latest"))  # nothing was trained
 
 
 def _processes() -> dict[int, tuple[int, int]]:
@@ -189,3 +212,30 @@ def test_resume_over_a_torn_checkpoint_falls_back_to_the_previous_complete_tag(t
     assert sorted(d for d in os.listdir(actor) if d.startswith("global_step")) == ["global_step3", "global_step4"]
     assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(root, "ckpt", "*_hf"))) == [
         "global_step3_hf", "global_step4_hf"]
+
+
+def test_a_dropped_weight_sync_makes_the_mismatch_jump_and_warns_naming_the_step(tmp_path):
+    """The HF engine drops the weight sync after step 1 (``OPENRLHF_CLASSMATE_FAULT_DROP_WEIGHT_SYNCS``), so step 2
+    samples from the initial weights while the actor has trained one step (lr 0.1 and an entropy bonus make that
+    step move the weights whatever the rewards). Step 1 is a normal step: bf16 actor against the fp32 HF engine on
+    the same weights. Plain GRPO, 2 steps (~70 s on 2 idle cores)."""
+    world = build_world(str(tmp_path / "world"))
+    argv = launcher_argv(world, classmate=False, extra=["--actor.entropy_coef", "0.01", "--actor.adam.lr", "0.1"])
+    log_path = str(tmp_path / "run.log")
+    code = run_launcher(argv, log_path, cwd=REPO, timeout=1800, env={"OPENRLHF_CLASSMATE_FAULT_DROP_WEIGHT_SYNCS": "1"})
+    log = open(log_path, errors="replace").read()
+    if code != 0:
+        pytest.fail(f"launcher exited with {code}; log tail:\n{log[-6000:]}")
+    with open(os.path.join(world["root"], "ckpt", "engine_weight_updates.json")) as f:
+        assert json.load(f) == {"policy": [1], "classmate": []}  # the engine loaded the second sync only
+
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
+    mean, top, k3 = (tb[f"train/mismatch/{k}"] for k in ("logprob_abs_diff_mean", "logprob_abs_diff_max", "kl_k3"))
+    assert set(mean) == set(top) == set(k3) == {1, 2}
+    assert 0 < mean[1] < 0.02 and k3[1] < 1e-3  # bf16 rounding only (measured: 0.006, k3 1.6e-4)
+    assert mean[2] > 30 * mean[1] and k3[2] > 300 * k3[1] and top[2] > 10 * top[1]  # measured: x107, x1600, x37
+    assert mean[2] > 0.1  # above the default --engine.mismatch_warn_threshold
+    warnings = [line for line in log.splitlines() if "train-inference mismatch" in line]
+    assert len(warnings) == 1, warnings
+    assert "step 2: train-inference mismatch: mean |actor - engine log-prob|" in warnings[0]
+    assert "--engine.mismatch_warn_threshold 0.1" in warnings[0]

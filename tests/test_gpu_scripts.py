@@ -65,8 +65,10 @@ def test_the_plans_cover_issue_13s_list(gpu_validate):
 def test_step_time_runs_parse(gpus, classmate):
     step_time = _bench("step_time")
     a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
-                        train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=gpus)
+                        train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=gpus, mismatch="on",
+                        is_correction="off")
     args = parse_args(step_time.launcher_argv(a, "policy", "classmate" if classmate else None, "d.jsonl", "/tmp/x"))
+    assert not args.engine.no_mismatch_metrics and args.algo.advantage.is_correction_level == "off"
     assert args.rollout.batch_size * args.rollout.n_samples_per_prompt == args.train.batch_size == 256
     assert args.rollout.max_new_tokens == 512 and args.algo.kl.init_coef > 0  # a reference model: ref forwards
     assert bool(args.train.colocate_all) == (gpus == 1)
@@ -75,6 +77,19 @@ def test_step_time_runs_parse(gpus, classmate):
         assert args.classmate.placement == ("colocate" if gpus == 1 else "share")
     else:
         assert args.algo.advantage.estimator == "group_norm" and not args.classmate.model_name_or_path
+
+
+def test_step_time_mismatch_variants_parse_and_keep_apart():
+    # the GPU before/after pair of issue 25: metrics on (default), off (upstream's request), upstream's IS request
+    step_time = _bench("step_time")
+    seen = {}
+    for mismatch, is_correction in (("on", "off"), ("off", "off"), ("off", "token")):
+        a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
+                            train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=1, mismatch=mismatch,
+                            is_correction=is_correction)
+        args = parse_args(step_time.launcher_argv(a, "policy", None, "d.jsonl", "/tmp/x"))
+        seen[step_time.variant(a)] = (args.engine.no_mismatch_metrics, args.algo.advantage.is_correction_level)
+    assert seen == {"": (False, "off"), "_mismatch-off": (True, "off"), "_mismatch-off_is-token": (True, "token")}
 
 
 def test_qwen_shaped_tokenizer_has_exactly_qwens_vocabulary(tmp_path):
@@ -100,9 +115,10 @@ def test_gpu_validate_sh_parses_and_refuses_unknown_steps(tmp_path):
     assert res.returncode == 2 and "unknown step 'nonsense'" in res.stdout
     assert (tmp_path / "out" / "device.txt").read_text().startswith(("no GPU", "NVIDIA"))
     # a step that needs the carried vLLM refuses clearly on a machine without it
-    res = subprocess.run(["bash", "bench/gpu_validate.sh", "evaluate"], cwd=REPO, capture_output=True, text=True,
-                         env={**env, "VLLM_SITE": str(tmp_path / "none")}, timeout=120)
-    assert res.returncode == 3 and "the machine is fresh" in res.stdout
+    for step in ("evaluate", "gpudemo"):
+        res = subprocess.run(["bash", "bench/gpu_validate.sh", step], cwd=REPO, capture_output=True, text=True,
+                             env={**env, "VLLM_SITE": str(tmp_path / "none")}, timeout=120)
+        assert res.returncode == 3 and "the machine is fresh" in res.stdout, (step, res.stdout)
 
 
 def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, monkeypatch):
@@ -132,3 +148,27 @@ def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, 
     kill_session(proc, grace=2)
     states = subprocess.run(["ps", "-o", "stat=", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert proc.poll() is not None and [s for s in states if not s.startswith("Z")] == []  # zombies: dead, unreaped
+
+
+def test_interleaved_step_times_split_by_kind_with_medians_and_pairs():
+    step_time = _bench("step_time")
+    kinds = {s: float(s % 2) for s in range(1, 9)}  # odd steps GDPO, even GRPO
+    totals = {1: 50.0, 2: 40.0, 3: 26.0, 4: 20.0, 5: 24.0, 6: 19.0, 7: 28.0, 8: 21.0}
+    tb = {"train/bench/classmate_step": kinds, "train/timing/step_total": totals,
+          "train/classmate/stage_time": {1: 9.0, 3: 4.5, 5: 4.4, 7: 4.7}}
+    out = step_time.split_interleaved(tb)
+    assert out["gdpo"]["steps"] == [3, 5, 7] and out["grpo"]["steps"] == [4, 6, 8]  # first of each kind: warm-up
+    assert out["gdpo"]["stats"]["timing/step_total"] == {"median": 26.0, "min": 24.0, "max": 28.0, "n": 3}
+    assert out["grpo"]["stats"]["timing/step_total"]["median"] == 20.0
+    assert out["gdpo"]["stats"]["classmate/stage_time"]["median"] == 4.5
+    assert "classmate/stage_time" not in out["grpo"]["stats"] or out["grpo"]["stats"]["classmate/stage_time"] is None
+    assert out["ratio"] == 1.3
+    # pairs: 26/20, 24/19, 28/21
+    assert out["paired"] == {"median": 1.3, "min": round(24 / 19, 3), "max": round(28 / 21, 3), "n": 3}
+
+
+def test_vllm_logprobs_overhead_needs_a_real_vllm():
+    # it times vLLM's own output path; under the CPU shim it says so in one line instead of failing half-way
+    res = subprocess.run([sys.executable, "bench/vllm_logprobs_overhead.py", "--tokenizer", "none"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: this benchmark runs vLLM")

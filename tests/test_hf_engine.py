@@ -148,7 +148,7 @@ def test_min_tokens_holds_eos_back_as_vllm_does(engine):
 
 
 @pytest.mark.parametrize("kwargs", [{"stop": ["="]}, {"presence_penalty": 0.5}, {"n": 2}, {"ignore_eos": True},
-                                    {"frequency_penalty": -0.2}])
+                                    {"frequency_penalty": -0.2}, {"flat_logprobs": True, "logprobs": 0}])
 def test_sampling_options_the_hf_engine_cannot_honour_are_refused(engine, kwargs):
     params = SamplingParams(temperature=1.0, max_tokens=2, **kwargs)
     name = next(iter(kwargs))

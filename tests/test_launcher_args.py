@@ -109,6 +109,21 @@ def test_config_file_maps_nested_keys_and_the_command_line_wins(tmp_path):
     assert args.classmate.reward_weight == 0.25  # explicit flag overrides the file
 
 
+def test_config_merge_keys_work_as_yaml_defines_them(tmp_path):
+    # an anchor on one group merged into another; a merged mapping extended inside (merge within the nested key),
+    # an explicit scalar next to the merge key wins
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        "actor: &opt\n  adam: &adam {lr: 3.0e-6, betas: [0.8, 0.9]}\n"
+        "critic:\n  <<: *opt\n  adam:\n    <<: *adam\n    lr: 7.0e-6\n"
+        "rollout: &r {temperature: 0.9}\neval:\n  <<: *r\n  temperature: 0.5\n"
+    )
+    args = parse_args(BASE + ["--config", str(cfg), "--critic.model_name_or_path", "critic"])
+    assert args.critic.adam.lr == pytest.approx(7e-6) and list(args.critic.adam.betas) == [0.8, 0.9]
+    assert args.actor.adam.lr == pytest.approx(3e-6) and args.rollout.temperature == pytest.approx(0.9)
+    assert args.eval.temperature == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -160,8 +175,8 @@ def test_missing_config_file_is_named():
         (["--rollout.top_p", "0"], "top_p must be in (0, 1], got 0.0"),
         (["--eval.dataset", "e.jsonl", "--eval.temperature", "-1"], "--eval.temperature -1.0 / --rollout.top_p 1.0: "
          "vLLM rejects these sampling settings: temperature must be non-negative"),
-        (CLASSMATE + ["--classmate.top_k", "-5"], "--classmate.top_k -5 / --classmate.max_new_tokens 512: vLLM "
-         "rejects these sampling settings: top_k must be 0 (disable), or at least 1, got -5."),
+        # the field's range (config_fields) is checked before the sampling settings go through vLLM's
+        (CLASSMATE + ["--classmate.top_k", "-5"], "--classmate.top_k must be >= -1, got -5"),
 
         (CLASSMATE + ["--classmate.final_answer", "whole_response"], "give a classmate no CoT to read"),
     ],
@@ -207,6 +222,9 @@ def test_splice_needs_identical_vocabularies(tmp_path):
         (["--algo.advantage.gamma", "0.9"], "drop --algo.advantage.gamma"),
         (["--algo.advantage.lambd", "0.95"], "--algo.advantage.lambd 0.95 is GAE's"),
         (["--reward.normalize_enable"], "drop --reward.normalize_enable"),
+        (["--classmate.estimator", "separated_non_neg", "--algo.advantage.estimator", "reinforce_baseline"],
+         "separated_non_neg keeps the classmate advantage >= 0, which the batch whitening of "
+         "--algo.advantage.estimator reinforce_baseline"),
         (["--actor.policy_loss_type", "gspo", "--classmate.loss_agg_mode", "seq-mean-token-sum-norm"],
          "drop --classmate.loss_agg_mode seq-mean-token-sum-norm"),
         (["--actor.policy_loss_type", "gspo", "--classmate.estimator", "separated", "--classmate.loss",
@@ -236,3 +254,28 @@ def test_upstream_options_honoured_in_a_classmate_run_parse():
 def test_classmate_scorer_without_a_classmate_points_to_main_scorer():
     assert "--classmate.main_scorer" in _error(BASE + ["--classmate.scorer", "math_verify"])
     assert parse_args(BASE + ["--classmate.main_scorer", "math_verify"]).classmate.main_scorer == "math_verify"
+
+
+def test_seq_mean_token_sum_norm_needs_a_fixed_response_width():
+    # issue 23 item 7: T = --rollout.max_new_tokens; without it T would be each micro-batch's padded width, so the
+    # same response would weigh 1/5 or 1/9 of its token sum depending on the prompts it was batched with
+    import torch
+
+    from openrlhf_classmate.integration.actor import build_classmate_loss
+
+    for extra in ([], CLASSMATE):
+        text = _error(BASE + extra + ["--classmate.loss_agg_mode", "seq-mean-token-sum-norm"])
+        assert text == ("error: --classmate.loss_agg_mode seq-mean-token-sum-norm divides each sequence's token sum "
+                        "by a fixed T = --rollout.max_new_tokens: set --rollout.max_new_tokens")
+    args = parse_args(BASE + ["--classmate.loss_agg_mode", "seq-mean-token-sum-norm", "--rollout.max_new_tokens",
+                              "16"])
+    loss, _, _ = build_classmate_loss(args)
+    assert loss.max_response_len == 16
+    values = []
+    for width in (5, 9):  # one response of 3 tokens, padded into two micro-batches of different widths
+        lp = torch.zeros(1, width)
+        mask = torch.zeros(1, width, dtype=torch.bool)
+        mask[0, :3] = True
+        advantages = torch.where(mask, 1.0, 0.0)
+        values.append(loss(lp, lp, advantages, action_mask=mask, classmate_advantages=torch.zeros(1, width))[0])
+    assert values[0].item() == values[1].item() == pytest.approx(-3 / 16)

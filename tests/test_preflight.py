@@ -14,7 +14,14 @@ from openrlhf_classmate.cli import train_ppo_ray
 from openrlhf_classmate.config_fields import option_help
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
-from openrlhf_classmate.integration.preflight import RANGES, PreflightReport, check_ranges, check_tokenizers
+from openrlhf_classmate.integration.preflight import (
+    RANGES,
+    PreflightError,
+    PreflightReport,
+    check_estimator_masks_invalid_scores,
+    check_ranges,
+    check_tokenizers,
+)
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,3 +112,86 @@ def test_hf_engine_refuses_a_batch_that_would_never_run(tmp_path):
     model = save_tiny_model(str(tmp_path / "m"), ["a"], hidden_size=8, num_layers=1, num_heads=2)
     with pytest.raises(ValueError, match=r"--engine.hf_max_batch\) must be >= 1, got 0"):
         HFEngine(model=model, max_batch=0)
+
+
+def test_gae_is_refused_where_the_registry_reward_can_mark_scores_invalid():
+    # issue 23 item 1: gae's critic would regress on a failed score's placeholder 0; the other estimators mask it
+    base = ["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl"]
+    with pytest.raises(PreflightError, match=r"^--algo.advantage.estimator gae \(upstream's default\) trains its "
+                                             r"critic on every score.*: set --algo.advantage.estimator group_norm"):
+        check_estimator_masks_invalid_scores(parse_args(base))  # the default reward: the scorer registry
+    check_estimator_masks_invalid_scores(parse_args(base + ["--reward.remote_url", "http://127.0.0.1:9/score"]))
+    for estimator in ("reinforce", "flash_reinforce"):
+        check_estimator_masks_invalid_scores(parse_args(base + ["--algo.advantage.estimator", estimator]))
+
+
+def test_a_launch_with_load_enable_says_on_stderr_when_it_starts_fresh_and_refuses_a_folder_without_a_tag(
+        tmp_path, capsys, monkeypatch):
+    """The real launch path (``main`` without ``--check``) up to the point where Ray would start: ``run`` is
+    replaced by a recorder, so the test sees exactly what a user sees before training begins."""
+    policy = save_tiny_model(str(tmp_path / "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
+                             num_heads=2)
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": chat, "label": json.dumps({"data_source": "gsm8k", "ground_truth": "2"})})
+                    + "\n")
+    argv = ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
+            "--data.label_key", "label", "--data.apply_chat_template", "--rollout.n_samples_per_prompt", "2",
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--algo.advantage.estimator",
+            "group_norm", "--ckpt.load_enable"]
+    launched = []
+    monkeypatch.setattr(train_ppo_ray, "run", launched.append)
+    ckpt = tmp_path / "ckpt"
+    capsys.readouterr()  # the tiny model's save progress
+    train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])
+    assert len(launched) == 1
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"warning: --ckpt.load_enable: no checkpoint in {ckpt}/_actor yet, the run starts from step 0"]
+
+    (ckpt / "_actor" / "global_step1").mkdir(parents=True)  # a save that died before its first file
+    with pytest.raises(SystemExit) as info:
+        train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])
+    assert str(info.value.code) == (
+        f"error: --ckpt.load_enable: no complete checkpoint to resume from in {ckpt}/_actor: {ckpt}/_actor/"
+        "global_step1 has no *model_states.pt file (the save did not finish). Restore the named file(s), or start "
+        "without --ckpt.load_enable (or with another --ckpt.path)")
+    (ckpt / "_actor" / "global_step1").rmdir()
+    with pytest.raises(SystemExit, match=f"error: --ckpt.load_enable: {ckpt}/_actor is empty, so there is no "
+                                         "checkpoint to resume from: remove that folder to start fresh there"):
+        train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])
+    assert len(launched) == 1  # refused before Ray
+
+
+PARTS_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{{ p['text'] }}{% endfor %}{% endif %}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def test_content_parts_pass_where_the_chat_template_renders_them(tmp_path, capsys):
+    """OpenAI-style content parts (``[{"type": "text", "text": ...}]``) are accepted for the prompt and the
+    classmate's label messages when the models' template renders the parts; the default template of the test
+    models prints the list and is refused (tests/test_bad_inputs.py)."""
+    from transformers import AutoTokenizer
+
+    from openrlhf_classmate.data.messages import renders_parts
+
+    words = ["1", "2", "+", "=", "?"]
+    policy = save_tiny_model(str(tmp_path / "policy"), words, hidden_size=8, num_layers=1, num_heads=2,
+                             chat_template=PARTS_TEMPLATE)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    assert renders_parts(tokenizer)
+    parts = [{"role": "system", "content": "x"}, {"role": "user", "content": [{"type": "text", "text": "1 + 1 = ?"}]}]
+    assert "1 + 1 = ?<eos>" in tokenizer.apply_chat_template(parts, tokenize=False)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": parts, "label": json.dumps(
+        {"data_source": "gsm8k", "ground_truth": "2", "messages": parts})}) + "\n")
+    train_ppo_ray.main(["--check", "--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1",
+                        "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--data.prompt_dataset", str(data),
+                        "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
+                        "--rollout.n_samples_per_prompt", "2", "--rollout.batch_size", "2",
+                        "--rollout.micro_batch_size", "1", "--classmate.model_name_or_path", policy])
+    out, err = capsys.readouterr()
+    assert out.strip().endswith("check passed: the run would start"), err

@@ -357,7 +357,9 @@ def test_malformed_requests_get_a_clear_4xx(service):
     for body, status, message in cases:
         got_status, reply = service.post("/test_program", body)
         assert (got_status, message in reply["error"]) == (status, True), (body, got_status, reply)
-    raw_cases = [(b"{not json", "application/json", 400, "not valid JSON"),
+    raw_cases = [(b'{"program": "x", "tests": ["assert 1"], "max_execution_time": NaN}', "application/json", 422,
+                  "max_execution_time: Input should be a finite number"),  # was a 500: NaN in the 422's detail
+                 (b"{not json", "application/json", 400, "not valid JSON"),
                  (b"[1, 2]", "application/json", 422, "valid dictionary"),
                  (b"", "application/json", 422, "body: Field required"),
                  (json.dumps(ok).encode(), "text/plain", 415, "Content-Type must be application/json"),
@@ -539,7 +541,9 @@ def _start_fails(*flags: str) -> str:
 
 
 def test_bad_settings_stop_the_start_with_one_line():
-    assert _start_fails("--memory-mb", "0") == "error: these settings must be > 0: memory_mb=0"
+    assert _start_fails("--memory-mb", "0") == "error: these settings must be finite numbers > 0: memory_mb=0"
+    assert _start_fails("--max-time-limit", "inf").endswith(
+        "argument --max-time-limit: must be a finite number, got 'inf'")
     assert _start_fails("--isolation", "sometimes").endswith("invalid choice: 'sometimes' (choose from 'auto', "
                                                              "'root', 'userns', 'none')")
     assert _start_fails("--default-time-limit", "30", "--max-time-limit", "10") == \
@@ -630,3 +634,22 @@ def test_config_defaults_are_sane():
     assert cfg.max_concurrency == (os.cpu_count() or 1) and cfg.memory_mb == 1024
     with pytest.raises(ValueError, match="open_files must be >= 16"):
         SandboxConfig(open_files=8)
+
+
+def test_the_preflight_checks_code_time_limits_against_the_running_sandbox(service, monkeypatch):
+    """Rows (or OPENRLHF_CLASSMATE_CODE_TIME_LIMIT) asking for more time per test than this service's
+    --max-time-limit (20 s) are refused before the run: the service would answer 422 to every such request."""
+    from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport
+    from openrlhf_classmate.integration.preflight_data import _check_code_time_limits, _Lengths
+
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", service.url)
+    found = _Lengths(first_use={"code": "d.jsonl:1"}, code_limit=(30.0, "d.jsonl:4"))
+    with pytest.raises(PreflightError, match=r"^d.jsonl:4: max_execution_time 30 s exceeds the sandbox's "
+                                             r"--max-time-limit 20 s"):
+        _check_code_time_limits(found, PreflightReport())
+    report = PreflightReport()
+    _check_code_time_limits(_Lengths(first_use={"code": "d.jsonl:1"}, code_limit=(20.0, "d.jsonl:1")), report)
+    assert report.warnings == []
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_CODE_TIME_LIMIT", "45")
+    with pytest.raises(PreflightError, match=r"^OPENRLHF_CLASSMATE_CODE_TIME_LIMIT 45 s exceeds"):
+        _check_code_time_limits(_Lengths(first_use={"code_stdio": "d.jsonl:1"}), PreflightReport())

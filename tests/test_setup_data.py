@@ -592,6 +592,45 @@ def test_failed_rerun_keeps_previous_outputs(tmp_path):
     assert set(after) == set(before) and after != before
 
 
+def test_an_output_that_would_replace_an_input_is_refused_before_writing(tmp_path):
+    raw = tmp_path / "raw"
+    train = write_jsonl(raw / "train.jsonl", gsm8k_rows(3))
+    test = write_jsonl(raw / "test.jsonl", gsm8k_rows(2, start=10))
+    (tmp_path / "link").symlink_to(raw)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    os.link(train, linked / "train.jsonl")  # a hard link: the same file under another name
+    before = files_of(raw)
+    for inputs, out in [
+        (["--input", train, "--input", test], raw),  # the raw data's own folder
+        (["--input", f"train={train}", "--input", f"test={test}"], raw),
+        (["--input", raw], raw),  # a directory input
+        (["--input", train, "--input", test], tmp_path / "link"),  # the same folder through a symlink
+        (["--input", tmp_path / "link" / "train.jsonl", "--input", test], raw),
+        (["--input", train, "--input", test], linked),
+    ]:
+        res = run("gsm8k", *inputs, "--output-dir", out)
+        assert res.returncode == 1, res.stdout
+        assert res.stderr.startswith(f"gsm8k: error: {out}/train.jsonl: writing train.jsonl here would replace the "
+                                     "input file ") and "choose another --output-dir" in res.stderr
+        assert res.stderr.count("\n") == 1 and res.stdout == ""
+        assert files_of(raw) == before  # untouched, and no temporary file beside them
+    assert os.listdir(linked) == ["train.jsonl"] and os.path.samefile(linked / "train.jsonl", train)
+    ok("gsm8k", "--input", train, "--input", test, "--output-dir", raw / "processed")  # a subfolder is fine
+    assert files_of(raw / "processed").keys() == {"train.jsonl", "test.jsonl"}
+    assert (raw / "train.jsonl").read_bytes() == before["train.jsonl"]
+
+
+def test_vrcli_baseline_output_dir_over_its_input_is_refused_before_the_model_loads(tmp_path):
+    src = write_jsonl(tmp_path / "train.jsonl", [{"label": "not read"}])
+    res = run("vrcli_baseline_ppl", src, "--model", tmp_path / "no_model", "--output-dir", tmp_path)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (f"vrcli_baseline_ppl: error: {src}: writing train.jsonl here would replace the "
+                                  f"input file {src}; use --in-place to update the input files, or another "
+                                  "--output-dir")
+    assert src.read_text() == '{"label": "not read"}\n'
+
+
 def test_json_and_parquet_inputs_match_jsonl(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

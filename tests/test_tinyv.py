@@ -190,6 +190,22 @@ def test_mixed_weighs_verdict_and_rule():
     assert len(server.requests) == 4
 
 
+def test_the_rule_verdict_is_math_verify_and_help_and_readme_name_the_substitute():
+    """TinyV's rule verdict P is Prime Math's grader; ours is math-verify (not a port): the flag's help and the README
+    say so, since it decides when addon asks the verifier and the (1 - w) P term of mixed."""
+    import dataclasses
+    from pathlib import Path
+
+    from openrlhf_classmate.config_fields import option_help
+    from openrlhf_classmate.scoring.math import MathVerifyScorer
+
+    assert isinstance(TinyVScorer(TinyVConfig(base_url="http://127.0.0.1:1/v1")).rule, MathVerifyScorer)
+    mode = next(f for f in dataclasses.fields(TinyVConfig) if f.name == "mode")
+    for text in (option_help(mode), Path(__file__).parent.parent.joinpath("README.md").read_text()):
+        text = " ".join(text.split())  # README lines wrap anywhere
+        assert "math-verify" in text and "substitute for TinyV's Prime Math grader" in text
+
+
 def test_garbage_is_retried_at_temperature_0_3_then_invalid_never_0():
     with serve_in_thread(FakeVerifierServer(reply="I am not sure.")) as server:
         results = _score(_config(server, max_retries=3), [("\\boxed{7}", _label())])

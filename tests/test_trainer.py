@@ -139,9 +139,9 @@ def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monke
     import torch
     from openrlhf.trainer.ppo_trainer import PPOTrainer
 
+    from openrlhf_classmate.errors import TrainingStopped
     from openrlhf_classmate.integration.args import parse_args
     from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
-    from openrlhf_classmate.integration.trainer import TrainingStopped
 
     label = '{"data_source": "arithmetic", "ground_truth": "2"}'
 
@@ -176,9 +176,64 @@ def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monke
     trainer.train_step(bad, 1)
     with pytest.raises(TrainingStopped, match="in each of the first 3 steps.*stop_after_invalid_steps"):
         trainer.train_step(bad, 2)
+    # a reward hook that knows why every score is invalid: its reason, not a guess about the judge
+    too_long = batch(0.0)
+
+    def hook_step(self, rollout_samples, global_step):
+        raise AllScoresInvalidError("all 2 main scores of this rollout batch are invalid",
+                                    "VR-CLI: 2 generator sequences longer than --vrcli.max_len 8")
+
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", hook_step)
+    with pytest.raises(TrainingStopped) as stopped:
+        trainer_with(1).train_step(too_long, 0)
+    assert "longer than --vrcli.max_len 8) in each of the first 1 steps" in str(stopped.value)
+    assert "judge" not in str(stopped.value)
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", fake_step)
     # once a step had valid scores, later all-invalid steps are skipped, never fatal
     trainer = trainer_with(1)
     status, step = trainer.train_step(good, 0)
     assert (counters(status), step) == ({"reward": 1.0, "skipped_invalid_step": 0.0}, 1)
     for step in range(1, 5):
         assert counters(trainer.train_step(bad, step)[0]) == {"skipped_invalid_step": 1.0}
+
+
+def test_each_step_reports_the_mismatch_and_warns_once_above_the_threshold(monkeypatch):
+    """The controller adds ``mismatch/*`` to the step's status (logged as train/mismatch/...) and prints one warning
+    line naming the step when the mean crosses --engine.mismatch_warn_threshold (issue 25)."""
+    import logging
+
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+
+    from openrlhf_classmate.algo.mismatch import Mismatch
+    from openrlhf_classmate.integration import trainer as trainer_module
+    from openrlhf_classmate.integration.args import parse_args
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    monkeypatch.setattr(trainer_module.logger, "handlers", [*trainer_module.logger.handlers, handler])
+
+    measured = iter([Mismatch(0.012, 0.9, 1.5e-4, 100, 0), Mismatch(2.5, 9.0, 3.1, 100, 0), None])
+
+    def fake_step(self, rollout_samples, global_step):
+        self.experience_maker.last_mismatch = next(measured)  # what make_experience measured for this batch
+        return {"reward": 1.0}, global_step + 1
+
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", fake_step)
+    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+    trainer.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
+                               "--engine.mismatch_warn_threshold", "0.05"])
+    trainer.classmate_stage, trainer.judge_client = None, None
+    trainer.experience_maker = SimpleNamespace(last_mismatch=None)
+    status, step = trainer.train_step([], 0)
+    assert step == 1 and status["mismatch/logprob_abs_diff_mean"] == 0.012
+    assert (status["mismatch/logprob_abs_diff_max"], status["mismatch/kl_k3"]) == (0.9, 1.5e-4)
+    assert not [line for line in lines if "mismatch" in line]
+    status, step = trainer.train_step([], 1)
+    assert status["mismatch/logprob_abs_diff_mean"] == 2.5 and trainer.experience_maker.last_mismatch is None
+    warned = [line for line in lines if "train-inference mismatch" in line]
+    assert len(warned) == 1 and warned[0].startswith("step 2: train-inference mismatch: mean |actor - engine "
+                                                     "log-prob| 2.5 > --engine.mismatch_warn_threshold 0.05")
+    status, step = trainer.train_step([], 2)  # rollouts without log-probs: no metric, said once
+    assert not [k for k in status if k.startswith("mismatch/")]
+    assert lines[-1].startswith("step 3: no mismatch/* metrics")

@@ -96,6 +96,18 @@ def test_rebinding_targets_exist_and_experience_is_rebound_everywhere():
         assert hasattr(module, name), f"{module.__name__}.{name}"
 
 
+def test_both_controllers_build_our_samples_generator(monkeypatch):
+    import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+
+    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+
+    for module in (ppo_trainer, ppo_trainer_async):
+        monkeypatch.setattr(module, "SamplesGenerator", module.SamplesGenerator)  # restored after the test
+    patches.install_samples_generator()
+    assert ppo_trainer.SamplesGenerator is ppo_trainer_async.SamplesGenerator is ClassmateSamplesGenerator
+
+
 def test_upstream_cli_main_block_is_still_reusable():
     from openrlhf_classmate.integration.args import _upstream_main_block
 

@@ -14,8 +14,8 @@ import ray
 import torch
 
 from openrlhf_classmate.data.story_prompts import generator_messages, policy_messages
+from openrlhf_classmate.errors import TrainingStopped
 from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.trainer import TrainingStopped
 from openrlhf_classmate.rewards.likelihood import (
     TemplateError,
     generator_inputs,
@@ -24,7 +24,7 @@ from openrlhf_classmate.rewards.likelihood import (
     model_checksum,
     plan_micro_batches,
 )
-from openrlhf_classmate.rewards.vrcli import PENDING_REWARD_FUNC_PATH, VrcliRewardHook
+from openrlhf_classmate.rewards.vrcli import PENDING_REWARD_FUNC_PATH, VrcliRewardHook, generator_sequence
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 from openrlhf_classmate.testing.vrcli_world import (
     build_plan_follower,
@@ -236,9 +236,36 @@ def test_missing_plan_zero_and_too_long_inputs(world, fake_ray):
     assert float(samples[0].rewards[0]) == 0.0 and m["vrcli/invalid"] == 0 and m["vrcli/no_plan"] == 1
     # every generator input is longer than 10 tokens: nothing is forwarded, all invalid
     samples = [_sample(world.tok, label, f"In summary: {c}")]
-    m = _hook(world, max_len=10)(_maker(world), samples)
+    hook = _hook(world, max_len=10)
+    m = hook(_maker(world), samples)
     assert float(samples[0].info["main_valid"][0]) == 0.0
     assert m["vrcli/invalid_too_long"] == 1 and m["vrcli/forward_sequences"] == 0
+    # the step's skip (and stop) message names --vrcli.max_len, not the judge
+    baseline = len(generator_sequence(world.tok, label, None)[0])
+    assert hook.invalid_reason == (f"VR-CLI: 1 generator sequences longer than --vrcli.max_len 10 (without any plan "
+                                   f"the shortest of this batch is {baseline} tokens: raise --vrcli.max_len, 0 = no "
+                                   "limit)")
+
+
+def test_missing_plan_whole_scores_the_whole_response_as_released(world, fake_ray):
+    """--vrcli.missing_plan whole: a response without a marker is its own plan, scored exactly like the same text
+    after 'In summary:'; the count of marker-less responses is still logged."""
+    label = world.labels[0]
+    c = _colour(label)
+    text = f"{c} {c} and no marker"
+    responses = [text, f"In summary: {text}", f"In summary: {_other(c)}", "In summary:"]
+    samples = [_sample(world.tok, label, r) for r in responses]
+    m = _hook(world, missing_plan="whole", mapping="clipped")(_maker(world), samples)
+    rewards = [float(s.rewards[0]) for s in samples]
+    assert [float(s.info["main_valid"][0]) for s in samples] == [1.0, 1.0, 1.0, 1.0]
+    assert rewards[0] == rewards[1] > 2.0  # the gold colour helps, with or without the marker
+    assert m["vrcli/no_plan"] == 2 and m["vrcli/invalid"] == 0  # "In summary:" alone: the released empty plan
+    assert m["vrcli/forward_sequences"] == 4 + 1
+    # the default leaves both marker-less responses invalid
+    samples = [_sample(world.tok, label, r) for r in responses]
+    m = _hook(world, mapping="clipped")(_maker(world), samples)
+    assert [float(s.info["main_valid"][0]) for s in samples] == [0.0, 1.0, 1.0, 0.0]
+    assert m["vrcli/no_plan"] == 2 and m["vrcli/invalid"] == 2
 
 
 def _nan_on_token(world, word: str):

@@ -15,6 +15,7 @@ from openrlhf_classmate.algo.vrcli_reward import (
     ladder_bucket_names,
     map_improvement,
     mean_nll,
+    released_plan,
 )
 
 # ── plan extraction ──
@@ -44,6 +45,16 @@ def test_extract_plan_follows_the_released_split_chain(response, plan):
 ])
 def test_a_response_without_a_plan_has_none(response):
     assert extract_plan(response) is None
+
+
+@pytest.mark.parametrize("response, plan", [
+    ("Mia finds the key, then leaves.\n", "Mia finds the key, then leaves."),  # no marker: the whole response
+    ("reasoning In summary:   \n ", ""),                                      # nothing after the marker: empty
+    ("In summary: see below. Detailed Plan: the storm hits.", "the storm hits."),  # a marker: as extract_plan
+    ("", ""),
+])
+def test_the_released_plan_falls_back_to_the_whole_response(response, plan):
+    assert released_plan(response) == plan
 
 
 # ── improvement and mappings ──

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from openrlhf_classmate.integration.trainer import TrainingStopped
+from openrlhf_classmate.errors import TrainingStopped
 from openrlhf_classmate.integration.weight_check import (
-    VerifiedActor,
+    LoadCheckedActor,
     checkpoint_key,
     safetensors_files,
     verify_loaded_weights,
@@ -32,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 
 def test_the_loaded_model_matches_its_checkpoint_and_the_check_says_so(model_dir, capsys):
-    actor = VerifiedActor(model_dir, attn_implementation="sdpa", param_dtype="bf16")  # fp32 file, bf16 in memory
+    actor = LoadCheckedActor(model_dir, attn_implementation="sdpa", param_dtype="bf16")  # fp32 file, bf16 in memory
     out = capsys.readouterr().out
     n = len(list(actor.model.named_parameters()))
     assert f"weights of {model_dir} match the checkpoint: {n} parameters" in out
@@ -41,7 +41,7 @@ def test_the_loaded_model_matches_its_checkpoint_and_the_check_says_so(model_dir
 
 
 def test_a_corrupted_parameter_is_named_in_one_line(model_dir):
-    actor = VerifiedActor(model_dir, attn_implementation="sdpa", param_dtype="bf16")
+    actor = LoadCheckedActor(model_dir, attn_implementation="sdpa", param_dtype="bf16")
     weight = actor.model.model.layers[0].self_attn.v_proj.weight
     with torch.no_grad():
         weight.view(-1)[:5] = math.nan

@@ -40,9 +40,17 @@ Then, in upstream's order:
   main-stream tokens: to ``advantages`` for the single-advantage estimators, to ``main_advantages`` (and the sum)
   for the separated ones. It does not depend on any score, so it also applies to responses with an invalid score.
 * ``whiten`` (``reinforce_baseline``: "mean_std", or "mean" with ``--algo.advantage.no_std_norm``): upstream's batch
-  whitening x → (x - μ) / sqrt(max(σ², 1e-8)) (biased σ, over tokens), per advantage tensor over the tokens it
-  trains (the separated classmate stream over its own token mask), of responses with a valid score in that stream.
-  Responses with no valid score keep 0.
+  whitening x → (x - μ) / sqrt(max(σ², 1e-8)) (biased σ, over tokens), per advantage tensor, with μ and σ over the
+  tokens that carry a score, and every other token exactly 0 afterwards (its KL return included: whitening is a
+  statistic of scored tokens, and the shift -μ has no meaning for a token without a score). A token carries a score
+  when its row's score for that stream is valid:
+
+      separated*        main_advantages: v ∧ ok^m;   classmate_advantages: (m or v, by token mode) ∧ ok^c
+      grpo, grpo_w_classmate   v ∧ ok^m  (A^comb and its fallback A^m both need a valid main score)
+      gdpo, gdpo_wo_bn  all: v ∧ (ok^m ∨ ok^c);   classmate_partial: (m ∧ (ok^m ∨ ok^c)) ∨ (v - m) ∧ ok^m
+
+  ``separated_non_neg`` refuses whitening: centring its classmate stream over the batch makes it negative, against
+  its definition A^c ≥ 0.
 
 Everything is vectorised with segment sums (``index_add``, ``scatter_reduce``) over ``torch.unique`` group ids; statistics are
 computed in float64 and the outputs are cast to the dtype of ``main_rewards`` (float32 for integer input).
@@ -242,6 +250,9 @@ def compute_advantages(
     _check_baseline(baseline)
     if whiten is not None and whiten not in WHITENING:
         raise ValueError(f"unknown whiten {whiten!r}; expected None or one of {WHITENING}")
+    if whiten is not None and estimator == "separated_non_neg":
+        raise ValueError(f"separated_non_neg keeps A^c >= 0, which whiten={whiten!r} (centring over the batch) "
+                         "breaks: use another baseline or estimator")
     if not isinstance(main_rewards, torch.Tensor) or main_rewards.dim() != 1:
         shape = tuple(main_rewards.shape) if isinstance(main_rewards, torch.Tensor) else type(main_rewards).__name__
         raise ValueError(f"main_rewards must be a 1-D tensor [B], got {shape}")
@@ -341,6 +352,10 @@ def compute_advantages(
     if kl_return is not None:
         advantages = advantages + torch.where(response_tokens, kl_return.to(out_dtype), 0.0)
     if whiten is not None:
-        advantages = whiten_tokens(advantages, response_tokens & (main_ok | classmate_ok).unsqueeze(1), mode=whiten)
+        scored = response_tokens & main_ok.unsqueeze(1)  # grpo, grpo_w_classmate: every token needs ok^m
+        if estimator in ("gdpo", "gdpo_wo_bn"):
+            either = response_tokens & (main_ok | classmate_ok).unsqueeze(1)  # S: either score
+            scored = either if token_mode == "all" else torch.where(cot_tokens, either, scored)
+        advantages = whiten_tokens(advantages, scored, mode=whiten)
     result["advantages"] = advantages
     return result

@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from openrlhf_classmate.algo.spans import ResponseSplit, prompt_opens_think, split_response_ids, think_token_ids
+import torch
+
+from openrlhf_classmate.algo.spans import (
+    CotSpans,
+    ResponseSplit,
+    keep_prefix,
+    prompt_opens_think,
+    split_response_ids,
+    think_token_ids,
+)
 
 
 def stop_token_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
@@ -106,3 +115,32 @@ def char_boundary(tokenizer, cot_ids: Sequence[int], keep: int, *, max_back: int
         if window.startswith(text(ids[lo:k])):
             return k
     return keep
+
+
+def at_char_boundaries(tokenizer, responses: Sequence, full: CotSpans, kept: CotSpans) -> CotSpans:
+    """``kept`` (a prefix of each CoT of ``full``, see ``spans.truncate_cot``) with every cut moved back to a
+    character boundary (:func:`char_boundary`). ``responses``: each row's token ids (a tensor or a list)."""
+    end = kept.end.clone()
+    for i, r in enumerate(responses):
+        start, cut, whole = int(kept.start[i]), int(kept.end[i]), int(full.end[i])
+        if cut < whole:
+            ids = r[start:whole]
+            end[i] = start + char_boundary(tokenizer, ids.tolist() if hasattr(ids, "tolist") else ids, cut - start)
+    if torch.equal(end, kept.end):
+        return kept
+    positions = torch.arange(kept.mask.shape[1], device=kept.mask.device).unsqueeze(0)
+    mask = (positions >= kept.start.unsqueeze(1)) & (positions < end.unsqueeze(1))
+    return CotSpans(mask=mask, start=kept.start, end=end, has_answer=kept.has_answer)
+
+
+def cot_prefixes(tokenizer, cots: Sequence[Sequence[int]], keep: float) -> list[list[int]]:
+    """The first ``keep`` of each CoT (its token ids): ``floor(keep * length)`` tokens, moved back to a character
+    boundary, exactly as the classmate stage cuts a ``random_truncate`` CoT whose draw is ``keep``."""
+    if not 0.0 <= keep <= 1.0:
+        raise ValueError(f"keep must lie in [0, 1], got {keep}")
+    lengths = torch.tensor([len(c) for c in cots], dtype=torch.long)
+    width = max(1, int(lengths.max())) if len(cots) else 1
+    full = CotSpans(mask=torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1), start=torch.zeros_like(lengths),
+                    end=lengths, has_answer=torch.ones_like(lengths, dtype=torch.bool))
+    cut = at_char_boundaries(tokenizer, [list(c) for c in cots], full, keep_prefix(full, keep))
+    return [list(c[: int(e)]) for c, e in zip(cots, cut.end.tolist(), strict=True)]

@@ -25,7 +25,8 @@ Tags are token ids: a ``</think>`` written as ordinary BPE pieces is text inside
 Conventions for a batch of responses ``response_ids`` [B, T] (right-padded) with ``response_mask`` [B, T]
 (1 on valid response tokens, EOS included, 0 on padding): :func:`cot_mask` applies the split to every row.
 
-Truncation (``truncate_cot``) keeps a prefix ``[start, start + floor(keep * length))`` of each CoT.
+Truncation (``truncate_cot``, through :func:`keep_prefix`) keeps a prefix ``[start, start + floor(keep * length))``
+of each CoT.
 """
 
 from __future__ import annotations
@@ -173,6 +174,17 @@ def cot_mask(
     return CotSpans(mask=mask, start=start, end=end, has_answer=has_answer)
 
 
+def think_tags_problem(think_open: str, think_close: str) -> str | None:
+    """Why a pair of think tags cannot delimit a CoT (the same tag twice, or a closing tag as the opening one), or
+    None. Said in terms of the tags; the caller names the flags."""
+    if think_open == think_close:
+        return f"the open and close tags are the same tag {think_open!r}: the CoT would end where it starts"
+    if think_open.startswith("</") and not think_close.startswith("</"):
+        return (f"open {think_open!r} and close {think_close!r} look swapped (the open tag is a closing tag): the "
+                "CoT would be read from the answer")
+    return None
+
+
 def think_token_ids(tokenizer, think_open: str = "<think>", think_close: str = "</think>") -> tuple[int, int]:
     """Ids of the think tags in ``tokenizer``; each tag must encode to exactly one token (not the unknown token)."""
     ids = []
@@ -217,13 +229,18 @@ def truncate_cot(
         if not 0.0 <= keep_min <= keep_max <= 1.0:
             raise ValueError(f"need 0 <= keep_min <= keep_max <= 1, got keep_min={keep_min}, keep_max={keep_max}")
         u = torch.rand(length.shape[0], generator=generator, dtype=torch.float64, device=generator.device)
-        keep = (keep_min + (keep_max - keep_min) * u).to(length.device)
-        kept = torch.floor(keep * length.double()).long()
-    else:
-        kept = length
-        if mode == "remove_wo_cot":
-            skip = length == 0
-    end = spans.start + kept
+        return keep_prefix(spans, (keep_min + (keep_max - keep_min) * u).to(length.device)), skip
+    if mode == "remove_wo_cot":
+        skip = length == 0
+    return keep_prefix(spans, 1.0), skip
+
+
+def keep_prefix(spans: CotSpans, keep: float | torch.Tensor) -> CotSpans:
+    """Keep the prefix ``[start, start + floor(keep * length))`` of each CoT: the cut of ``random_truncate`` for its
+    drawn ``keep`` ([B] float64), or for one fixed fraction (``evaluate --truncate-cot``)."""
+    length = spans.length
+    keep = torch.as_tensor(keep, dtype=torch.float64, device=length.device)  # in [0, 1]: the callers check
+    end = spans.start + torch.floor(keep * length.double()).long()
     positions = torch.arange(spans.mask.shape[1], device=spans.mask.device).unsqueeze(0)
     mask = (positions >= spans.start.unsqueeze(1)) & (positions < end.unsqueeze(1))
-    return CotSpans(mask=mask, start=spans.start.clone(), end=end, has_answer=spans.has_answer.clone()), skip
+    return CotSpans(mask=mask, start=spans.start.clone(), end=end, has_answer=spans.has_answer.clone())

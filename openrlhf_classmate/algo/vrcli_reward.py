@@ -15,7 +15,9 @@ and the reward is a mapping of I:
 The released ladder also adds ε = 1e-10 to every reward; a constant shift changes no group-normalised advantage, so
 it is left out. The plan is the text after the last ``In summary:`` (then after the last ``In summary,``, then after
 the last ``Detailed Plan:``, each step a split on the last occurrence, as released), stripped. A response containing
-none of these markers, or nothing after them, has no plan: the reward hook marks it invalid rather than scoring 0.
+none of these markers, or nothing after them, has no plan (:func:`extract_plan` gives None); the released code uses
+the whole response as the plan then (an absent marker leaves the text unchanged; :func:`released_plan`). The hook's
+``--vrcli.missing_plan`` chooses: invalid (default), zero, or whole (the released behaviour).
 """
 
 from __future__ import annotations
@@ -32,15 +34,20 @@ LADDER_REWARDS = (0.0, 0.5, 0.9, 1.0)
 IMPROVEMENT_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
+def released_plan(response: str) -> str:
+    """The plan as the released code takes it: the successive splits, stripped. Without any marker that is the whole
+    response; with nothing after the last marker it is empty."""
+    plan = response
+    for marker in PLAN_MARKERS:
+        plan = plan.rsplit(marker, 1)[-1]  # an absent marker leaves the text unchanged
+    return plan.strip()
+
+
 def extract_plan(response: str) -> str | None:
     """The plan at the end of ``response``, or None when no marker is present or nothing follows the last one."""
     if not any(marker in response for marker in PLAN_MARKERS):
         return None
-    plan = response
-    for marker in PLAN_MARKERS:
-        plan = plan.rsplit(marker, 1)[-1]  # an absent marker leaves the text unchanged
-    plan = plan.strip()
-    return plan or None
+    return released_plan(response) or None
 
 
 def mean_nll(action_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

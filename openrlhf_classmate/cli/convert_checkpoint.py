@@ -18,7 +18,9 @@ Steps:
    forward pass must match those of a model built from the checkpoint state dict (with the same rounding). The
    logit difference to the unrounded fp32 weights is reported too.
 5. Everything is written to a temporary sibling of ``OUT_DIR`` and renamed into place only after verification, so
-   ``OUT_DIR`` never holds a half-written model. An existing ``OUT_DIR`` is an error unless ``--overwrite``.
+   ``OUT_DIR`` never holds a half-written model. An existing ``OUT_DIR`` is an error unless ``--overwrite``; an
+   ``OUT_DIR`` that is, contains or lies inside the checkpoint folder (``--ckpt.path`` or its ``_actor``) or the
+   base model folder is always an error (replacing it would delete the input).
 6. ``--push-to-hub REPO``: ``HfApi.create_repo`` (exist_ok), ``create_branch`` (one branch per checkpoint, named
    after the tag unless ``--hub-branch``) and ``upload_folder`` to that branch; ``--hub-main`` also uploads to
    ``main``. The token comes from the usual huggingface_hub sources (``HF_TOKEN``, ``hf auth login``).
@@ -152,6 +154,28 @@ def find_base_model(root: str, tag: str, base_model: str | None) -> str:
     )
 
 
+def check_output_outside_inputs(out_dir: str, root: str, base: str) -> None:
+    """ConversionError when ``out_dir`` is, contains or lies inside the checkpoint folder (``root`` and, for an
+    ``_actor`` folder, the run's ``--ckpt.path`` above it) or the local base model folder: installing the output
+    replaces ``out_dir`` as a whole, so it would delete the input (paths compared after resolving symlinks)."""
+    inputs = [("checkpoint folder", root)]
+    if os.path.basename(os.path.normpath(root)) == "_actor":
+        inputs.append(("checkpoint folder", os.path.dirname(os.path.normpath(root))))
+    if os.path.isdir(base):
+        inputs.append(("base model folder", base))
+    out = os.path.realpath(out_dir)
+    overlaps = []
+    for what, path in inputs:
+        real = os.path.realpath(path)
+        common = os.path.commonpath([out, real])
+        if common in (out, real):
+            overlaps.append(("is" if out == real else "lies inside" if common == real else "contains", what, path))
+    if overlaps:
+        relation, what, path = min(overlaps, key=lambda o: o[0] != "is")  # the exact match names the folder best
+        raise ConversionError(f"OUT_DIR {out_dir} {relation} the {what} {path} this conversion reads; writing it "
+                              "would delete that input: choose an OUT_DIR outside it")
+
+
 # ── conversion ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -282,8 +306,6 @@ def convert(
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConversionError(f"OUT_DIR {out_dir} is a file, not a model directory")
-    if os.path.exists(out_dir) and not overwrite:
-        raise ConversionError(f"{out_dir} exists; pass --overwrite to replace it")
     parent = os.path.dirname(out_dir)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -293,6 +315,9 @@ def convert(
     root = find_checkpoint_root(ckpt_dir)
     tag = resolve_tag(root, tag)
     base = find_base_model(root, tag, base_model)
+    check_output_outside_inputs(out_dir, root, base)  # before the --overwrite check: never suggest replacing an input
+    if os.path.exists(out_dir) and not overwrite:
+        raise ConversionError(f"{out_dir} exists; pass --overwrite to replace it")
     _check_base_config(base)  # before the (long) weight reconstruction
     report = ConversionReport(checkpoint=root, tag=tag, base_model=base, output_dir=out_dir, dtype=dtype)
     log(f"converting {root} tag {tag} (base model {base}) -> {out_dir} [{dtype}]")

@@ -13,12 +13,17 @@
    registry (the label's data source, or ``--scorer``). A response without a ``</think>`` id has no final answer and
    scores 0.
 3. ``--classmate MODEL``: give the classmate the prompt plus the policy's CoT (as in training) and score its answer
-   with the same scorer: classmate score and agreement with the main score.
+   with the same scorer: classmate score and agreement with the main score. ``--reader MODEL`` (repeatable): the same
+   protocol with a model that was never in the loop; ``--truncate-cot 0,0.25,...``: every reader also answers after
+   only the first fraction of the CoT (truncated-CoT transfer; ``eval/readers.py``).
 4. ``--monitor``: the CoT monitor (an LLM judge reading only the CoT) predicts the main score; MSE (1-10 ratings) or
    precision / recall / F1 (MMLU hint following).
 5. Write ``samples.jsonl`` (one line per response), ``summary.json`` (per scorer and overall: accuracy or mean
    rating, valid / answered / truncated fractions, CoT length, pass@k, classmate and monitor metrics) and PNG plots
    (CoT length by correctness, rating distributions, monitor vs main score), and print a table.
+
+``--run-dir RUN`` / ``--checkpoints DIR...`` instead of ``--model``: all of the above for every checkpoint of a run,
+in step order and resumable, plus ``sweep.json`` / ``sweep.csv`` and plots over the steps (``eval/sweep.py``).
 
 Judge-scored data (the sycophancy datasets) and ``--monitor`` need an OpenAI-compatible judge (``--judge-base-url``;
 ``--judge-model`` defaults to the first model the server lists).
@@ -36,18 +41,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims)
-from openrlhf_classmate.eval.generation import (
-    BACKENDS,
-    FAILED_FINISH_REASONS,
-    GenParams,
-    is_greedy,
-    make_generator,
-    resolve_backend,
-)
+from openrlhf_classmate.eval import readers, sweep
+from openrlhf_classmate.eval.common import EvaluationError, log, unless_failed, write_json, write_jsonl
+from openrlhf_classmate.eval.common import load_tokenizer as _load_tokenizer
+from openrlhf_classmate.eval.generation import BACKENDS, GenParams, is_greedy, make_generator, resolve_backend
 
-
-class EvaluationError(ValueError):
-    """A user-facing input problem (bad data file, missing judge, unsupported combination)."""
+__all__ = ["EvaluationError", "build_parser", "check", "main", "run"]
 
 
 @dataclass
@@ -59,11 +58,15 @@ class Row:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from openrlhf_classmate.config_fields import refuse_non_finite
+
     p = argparse.ArgumentParser(prog="python -m openrlhf_classmate.cli.evaluate",
                                 description="Generate on a test jsonl, score, and report (see the module docstring).")
-    p.add_argument("--model", required=True, help="model directory or hub id (e.g. a run's final/ folder)")
+    p.add_argument("--model", default=None, help="model directory or hub id (e.g. a run's final/ folder); or a sweep: "
+                   "--run-dir / --checkpoints")
     p.add_argument("--data", required=True, help="test jsonl (setup_data row format)")
-    p.add_argument("--output-dir", required=True, help="where samples.jsonl, summary.json and the plots go")
+    p.add_argument("--output-dir", default=None, help="where samples.jsonl, summary.json and the plots go (a sweep: "
+                   "one folder per checkpoint and sweep.json / sweep.csv; default RUN/eval_sweep with --run-dir)")
     p.add_argument("--input-key", default="prompt", help="row key of the prompt (chat messages or a string)")
     p.add_argument("--label-key", default="label", help="row key of the label (JSON string or object)")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
@@ -97,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     cm.add_argument("--classmate-max-context", type=int, default=None,
                     help="skip classmate inputs longer than this minus --classmate-max-new-tokens "
                          "(default: the classmate's max_position_embeddings)")
+    readers.add_arguments(p)
+    sweep.add_arguments(p)
     judge = p.add_argument_group("judge (judge-scored data, --monitor)")
     judge.add_argument("--monitor", action="store_true", help="run the CoT monitor on the generated CoTs")
     judge.add_argument("--judge-base-url", default=None, help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1")
@@ -107,11 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
+    refuse_non_finite(p)  # every float flag: NaN / inf refused when read, one error line
     return p
-
-
-def log(message: str) -> None:
-    print(f"[evaluate] {message}", file=sys.stderr, flush=True)
 
 
 # ── inputs ───────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -121,6 +123,7 @@ def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> l
     """The rows of ``--data`` (.jsonl, .json or .parquet); problems name the file, line and field."""
     from openrlhf_classmate.data.errors import DataError
     from openrlhf_classmate.data.io import iter_file_rows
+    from openrlhf_classmate.data.messages import messages_problem
     from openrlhf_classmate.scoring import LabelError, parse_label
 
     if not os.path.exists(path):
@@ -135,7 +138,10 @@ def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> l
             prompt = row.get(input_key)
             if isinstance(prompt, str):
                 messages = [{"role": "user", "content": prompt}]
-            elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            elif isinstance(prompt, list):
+                problem = messages_problem(prompt)
+                if problem:
+                    raise EvaluationError(f"{location}: field {input_key!r}: {problem}")
                 messages = prompt
             else:
                 raise EvaluationError(f"{location}: field {input_key!r} must be chat messages or a string "
@@ -244,7 +250,7 @@ def _check_paths(args) -> None:
     """The model folders exist (or look like hub ids) and the output directory can be written."""
     from openrlhf_classmate.integration.preflight import looks_local
 
-    for flag, path in (("--model", args.model), ("--classmate", args.classmate)):
+    for flag, path in (("--model", args.model), ("--classmate", args.classmate), *(("--reader", r) for r in args.reader)):
         if path is None:
             continue
         if os.path.isdir(path):
@@ -265,28 +271,25 @@ def _check_paths(args) -> None:
         raise EvaluationError(f"--output-dir {args.output_dir} is not writable")
 
 
-def _load_tokenizer(flag: str, path: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
-    except Exception as e:  # noqa: BLE001  (transformers raises OSError, ValueError, ... for unusable folders)
-        raise EvaluationError(f"{flag} {path}: cannot load its tokenizer ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200]})") from None
-
-
 def _check_args(args, rows: list[Row]) -> None:
     from openrlhf_classmate.scoring import LabelError, get_scorer, monitor_is_binary, resolve_data_source
     from openrlhf_classmate.scoring.sycophancy import JudgeNotConfiguredError
 
     if args.no_think and (args.classmate or args.monitor):
         raise EvaluationError("--no-think: there is no CoT for --classmate or --monitor")
+    readers.check_arguments(args)
+    if not args.no_think:
+        from openrlhf_classmate.algo.spans import think_tags_problem
+
+        problem = think_tags_problem(args.think_open, args.think_close)
+        if problem:
+            raise EvaluationError(f"--think-open / --think-close: {problem}")
     if args.monitor and not args.judge_base_url:
         raise EvaluationError("--monitor needs a judge: --judge-base-url (and --judge-model)")
     if args.samples < 1 or args.max_new_tokens < 1:
         raise EvaluationError("--samples and --max-new-tokens must be >= 1")
     _check_sampling("", args.samples, args.temperature, args.top_p, args.top_k, args.max_new_tokens)
-    if args.classmate:
+    if args.classmate or args.reader:
         _check_sampling("classmate-", 1, args.classmate_temperature, args.top_p, args.top_k,
                         args.classmate_max_new_tokens)
     if args.samples > 1 and is_greedy(args.temperature):
@@ -312,6 +315,20 @@ def _check_args(args, rows: list[Row]) -> None:
             if not args.judge_base_url:
                 raise EvaluationError(f"{row.location}: scorer {name!r} rates answers with an LLM judge: pass "
                                       "--judge-base-url (and --judge-model)") from None
+
+
+def _check_content_parts(rows: list[Row], tokenizer, model: str, *, chat_template: bool) -> None:
+    """Content-part lists only where ``model``'s chat template renders them (never without a template)."""
+    from openrlhf_classmate.data.messages import first_parts_message, parts_problem
+
+    for row in rows:
+        i = first_parts_message(row.messages)
+        if i is None:
+            continue
+        problem = parts_problem(row.messages, tokenizer, model) if chat_template else (
+            f"message {i}: content parts (a list) cannot be joined into a prompt with --no-chat-template")
+        if problem:
+            raise EvaluationError(f"{row.location}: {problem}")
 
 
 def _check_sampling(prefix: str, n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> None:
@@ -347,6 +364,15 @@ def _generator(args, factory: Callable, model: str, max_model_len: int | None = 
                    max_model_len=max_model_len, progress=not args.quiet, enforce_eager=args.enforce_eager)
 
 
+def check(args) -> list[Row]:
+    """The cheap input checks (flags, paths, the data file and its labels); returns the rows."""
+    _check_ranges(args)
+    _check_paths(args)
+    rows = read_rows(args.data, args.input_key, args.label_key, args.limit)
+    _check_args(args, rows)
+    return rows
+
+
 def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     """Evaluate as the module docstring says; returns the summary (also written to ``summary.json``)."""
 
@@ -356,10 +382,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     from openrlhf_classmate.scoring import score_responses
 
     started = time.time()
-    _check_ranges(args)
-    _check_paths(args)
-    rows = read_rows(args.data, args.input_key, args.label_key, args.limit)
-    _check_args(args, rows)
+    rows = check(args)
     judge = _judge_config(args)
     try:
         template_kwargs = json.loads(args.chat_template_kwargs)
@@ -368,8 +391,13 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     if not isinstance(template_kwargs, dict):
         raise EvaluationError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": true}'")
     tokenizer = _load_tokenizer("--model", args.model)
+    _check_content_parts(rows, tokenizer, args.model, chat_template=not args.no_chat_template)
     if args.classmate:
-        _load_tokenizer("--classmate", args.classmate)
+        _check_content_parts(rows, _load_tokenizer("--classmate", args.classmate), args.classmate,
+                             chat_template=True)
+    readers.check_reader_tokenizers(args)
+    for reader in args.reader:
+        _check_content_parts(rows, _load_tokenizer("--reader", reader), reader, chat_template=True)
     os.makedirs(args.output_dir, exist_ok=True)
     open_id = close_id = None
     if not args.no_think:
@@ -412,25 +440,27 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     labels = [rows[r["prompt_index"]].label for r in records]
     log(f"scoring {len(records)} answers")
     main_results = score_responses([r["answer"] for r in records], _score_labels(args, labels), judge=judge)
-    main_results = [_unless_failed(res, r["finish_reason"]) for r, res in zip(records, main_results, strict=True)]
+    main_results = [unless_failed(res, r["finish_reason"]) for r, res in zip(records, main_results, strict=True)]
     for r, res in zip(records, main_results, strict=True):
         r.update(score=float(res.score), valid=bool(res.valid), extracted=res.extracted,
                  explanation=res.explanation, reason=res.reason)
 
-    if args.classmate:
-        _run_classmate(args, generator_factory, tokenizer, rows, records, splits, labels, judge)
+    readers.run_readers(args, lambda model, max_len: _generator(args, generator_factory, model, max_len), tokenizer,
+                        rows, records, splits, labels,
+                        lambda texts, labels, judge: score_responses(texts, _score_labels(args, labels), judge=judge),
+                        judge)
 
     monitor = None
     if args.monitor:
         monitor = _run_monitor(records, _score_labels(args, labels), main_results, judge)
 
     groups = summarize(records, monitor)
-    with open(os.path.join(args.output_dir, "samples.jsonl"), "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    write_jsonl(os.path.join(args.output_dir, "samples.jsonl"), records)
     plots = [] if args.no_plot else write_plots(records, groups, args.output_dir)
     summary = {
         "model": args.model, "data": args.data, "classmate": args.classmate, "backend": backend,
+        "readers": {r.name: r.model for r in readers.readers_of(args)},
+        "truncate_cot": list(readers.parse_fractions(args.truncate_cot)),
         "prompts": len(rows), "samples_per_prompt": args.samples,
         "generation": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                        "top_k": args.top_k, "seed": args.seed},
@@ -438,84 +468,10 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
         "metrics": groups, "plots": [os.path.basename(p) for p in plots],
         "elapsed_s": round(time.time() - started, 2),
     }
-    with open(os.path.join(args.output_dir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(_finite(summary), f, indent=2)
+    write_json(os.path.join(args.output_dir, "summary.json"), summary)  # written last: the sweep's "done" mark
     print(format_table(groups))
     log(f"wrote {args.output_dir}/samples.jsonl, summary.json" + (f", {', '.join(summary['plots'])}" if plots else ""))
     return summary
-
-
-def _unless_failed(result, finish_reason: str | None):
-    """A generation vLLM aborted or failed is no answer: its score is invalid (masked), never the scorer's 0."""
-    from openrlhf_classmate.scoring import ScoreResult
-
-    if finish_reason in FAILED_FINISH_REASONS:
-        return ScoreResult.invalid(f"generation finished with {finish_reason!r}")
-    return result
-
-
-def _finite(value):
-    """NaN (an undefined metric) -> null, so summary.json is strict JSON."""
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _run_classmate(args, generator_factory, main_tokenizer, rows, records, splits, labels, judge) -> None:
-    from transformers import AutoConfig
-
-    from openrlhf_classmate.algo.classmate_prompt import build_classmate_inputs
-    from openrlhf_classmate.scoring import score_responses
-
-    tokenizer = _load_tokenizer("--classmate", args.classmate)
-    max_context = args.classmate_max_context
-    if max_context is None:
-        config = AutoConfig.from_pretrained(args.classmate, trust_remote_code=True)
-        max_context = int(getattr(config, "max_position_embeddings", None) or 1 << 30)
-    messages = [rows[r["prompt_index"]].label.get("messages") or rows[r["prompt_index"]].messages for r in records]
-    try:
-        inputs = build_classmate_inputs(tokenizer, messages, [s["cot_ids"] for s in splits], main_tokenizer,
-                                        mode=args.classmate_prompt_mode, think_open=args.think_open,
-                                        think_close=args.think_close,
-                                        max_context=max_context, max_new_tokens=args.classmate_max_new_tokens)
-    except ValueError as e:
-        raise EvaluationError(f"--classmate {args.classmate}: {e}") from None
-    todo = [i for i, x in enumerate(inputs) if x.valid]
-    skipped = [x.skip_reason for x in inputs if not x.valid]
-    log(f"classmate {args.classmate}: {len(todo)} of {len(inputs)} inputs"
-        + (f" ({len(skipped)} skipped, e.g. {skipped[0]})" if skipped else ""))
-    texts: dict[int, str] = {}
-    finish: dict[int, str] = {}
-    if todo:
-        generator = _generator(args, generator_factory, args.classmate, args.classmate_max_context)
-        params = GenParams(max_new_tokens=args.classmate_max_new_tokens, temperature=args.classmate_temperature,
-                           top_p=args.top_p, top_k=args.top_k, n=1, seed=args.seed + 1)
-        try:
-            outs = generator.generate([inputs[i].input_ids for i in todo], params, desc="classmate")
-        finally:
-            generator.close()
-        for i, out in zip(todo, outs, strict=True):
-            texts[i] = tokenizer.decode(out[0].token_ids, skip_special_tokens=True).strip()
-            finish[i] = out[0].finish_reason
-    scored = score_responses([texts[i] for i in todo], _score_labels(args, [labels[i] for i in todo]), judge=judge
-                             ) if todo else []
-    scored = [_unless_failed(res, finish[i]) for i, res in zip(todo, scored, strict=True)]
-    results = dict(zip(todo, scored, strict=True))
-    for i, r in enumerate(records):
-        r["classmate_input_tokens"] = len(inputs[i].input_ids) if inputs[i].valid else None
-        r["classmate_output"] = texts.get(i)
-        r["classmate_finish_reason"] = finish.get(i)
-        res = results.get(i)
-        if res is None:
-            r.update(classmate_score=0.0, classmate_valid=False, classmate_extracted=None,
-                     classmate_reason=inputs[i].skip_reason)
-        else:
-            r.update(classmate_score=float(res.score), classmate_valid=bool(res.valid),
-                     classmate_extracted=res.extracted, classmate_reason=res.reason)
 
 
 def _run_monitor(records, labels, main_results, judge) -> dict[str, dict[str, float]]:
@@ -540,7 +496,13 @@ def _run_monitor(records, labels, main_results, judge) -> dict[str, dict[str, fl
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        run(args)
+        if sweep.is_sweep(args):
+            sweep.run_sweep(args, run, check)
+        elif args.model is None or args.output_dir is None:
+            raise EvaluationError("give --model MODEL and --output-dir DIR (one model), or --run-dir RUN / --checkpoints "
+                                  "DIR... (every checkpoint of a run)")
+        else:
+            run(args)
     except EvaluationError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

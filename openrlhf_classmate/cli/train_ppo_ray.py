@@ -14,7 +14,7 @@ import os
 import sys
 
 import openrlhf_classmate  # noqa: F401  (CPU shims first)
-from openrlhf_classmate.integration import patches
+from openrlhf_classmate.integration import mismatch, patches
 from openrlhf_classmate.integration.args import ConfigError, parse_args
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
@@ -145,6 +145,10 @@ class EngineFactory:
             # the registry reward scores the answer split on token ids, not upstream's decoded query text
             # (a user's --train.agent_func_path is never replaced: upstream then ignores the reward url)
             bound["agent_func_path"] = POLICY_EXECUTOR_PATH
+        if mismatch.enabled(self.args) and not bound.get("logprobs_mode"):
+            # the sampled tokens' log-probs after temperature, as the actor computes them (upstream asks for the same
+            # mode, and only that, with --algo.advantage.is_correction_level)
+            bound["logprobs_mode"] = mismatch.ENGINE_LOGPROBS_MODE
         if (classmate_enabled(self.args) and self.args.classmate.placement == "share"
                 and bound.get("shared_pg") is None and self.args.engine.backend != "hf"):
             import ray
@@ -235,8 +239,8 @@ def run(args) -> TrainerFactory:
     trainer = TrainerFactory(args, engines)
     # from here upstream's train() finds our engine factory, actor class and trainer factory under its own names
     # (the table in integration/patches.py); it then runs unchanged
-    patches.install_launcher(engines.policy, ray.remote(num_gpus=1)(ClassmatePolicyModelActor),
-                             ray.remote(num_gpus=1)(ClassmateReferenceModelActor), trainer)
+    patches.install_launcher(engines.policy, ray.remote(num_gpus=1)(ClassmatePolicyModelActor), trainer,
+                             ray.remote(num_gpus=1)(ClassmateReferenceModelActor))
     upstream.train(args)
     if trainer.handle is not None:
         # every engine counts the complete weight syncs it received (HF: load_weights; vLLM: CountingRolloutActor):
@@ -288,12 +292,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         run(args)
-    except Exception as e:  # noqa: BLE001 - only our own stop is turned into one line; anything else re-raises
-        from openrlhf_classmate.integration.trainer import TrainingStopped
+    except Exception as e:  # noqa: BLE001 - our own stop and a full disk become one line; anything else re-raises
+        from openrlhf_classmate.errors import TrainingStopped
+        from openrlhf_classmate.integration.disk_full import no_space_message
 
         cause = getattr(e, "cause", e)  # Ray wraps the controller's exception in a RayTaskError
         if isinstance(cause, TrainingStopped):
             raise SystemExit(str(cause)) from None
+        full = no_space_message(e, [("--ckpt.path", args.ckpt.path), ("--ckpt.output_dir", args.ckpt.output_dir)],
+                                args.ckpt.path)
+        if full:
+            raise SystemExit(full) from None
         raise
 
 

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from openrlhf_classmate.data.errors import DataError
-from openrlhf_classmate.data.io import Located, atomic_outputs, check_output_dir, expand_input, load_rows
+from openrlhf_classmate.data.io import (
+    Located,
+    atomic_outputs,
+    check_output_dir,
+    check_outputs_spare_inputs,
+    expand_input,
+    load_rows,
+)
 
 # Words that name a split in hub snapshot file names (e.g. ``all/test-00000-of-00001.parquet``).
 _SPLIT_WORDS = {"train", "test", "validation", "val", "dev", "eval"}
@@ -187,8 +194,25 @@ def read_sources(
     return {split: counted(split) for split in sources}
 
 
-def write_outputs(output_dir: str, splits: Mapping[str, list[dict[str, Any]]], summary: Summary) -> None:
-    """Write ``<split>.jsonl`` for every split; nothing is replaced until all files are written."""
+def input_files(inputs: Sequence[str] | None) -> list[str]:
+    """Every existing file an ``--input`` value names (``SPLIT=PATH`` or ``PATH``; a directory's files)."""
+    files: list[str] = []
+    for spec in inputs or []:
+        for path in {spec, spec.partition("=")[2]} - {""}:
+            p = Path(path)
+            if p.is_dir():
+                files.extend(str(f) for f in p.rglob("*") if f.is_file())
+            elif p.is_file():
+                files.append(path)
+    return files
+
+
+def write_outputs(output_dir: str, splits: Mapping[str, list[dict[str, Any]]], summary: Summary,
+                  inputs: Sequence[str] = ()) -> None:
+    """Write ``<split>.jsonl`` for every split; nothing is replaced until all files are written, and nothing at all
+    when a file would replace one of the ``inputs`` (the ``--input`` files)."""
+    check_outputs_spare_inputs(output_dir, [f"{split}.jsonl" for split in splits], input_files(inputs),
+                               hint="choose another --output-dir")
     with atomic_outputs(output_dir) as writer:
         for split, rows in splits.items():
             summary.written[split] = writer.write_jsonl(f"{split}.jsonl", rows)
@@ -214,7 +238,7 @@ def run_script(
     try:
         check_output_dir(args.output_dir)
         splits = build(args, summary)
-        write_outputs(args.output_dir, splits, summary)
+        write_outputs(args.output_dir, splits, summary, args.input or ())
     except DataError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 1

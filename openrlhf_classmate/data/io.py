@@ -168,6 +168,25 @@ def check_output_dir(output_dir: str) -> None:
                         "not writable", location=output_dir)
 
 
+def check_outputs_spare_inputs(output_dir: str, names: Iterable[str], inputs: Iterable[str], *, hint: str) -> None:
+    """DataError when writing file ``names`` into ``output_dir`` would replace one of the ``inputs`` files: the same
+    path after resolving symlinks, or the same file (a hard link). Checked before anything is written. ``hint``
+    says what to do instead."""
+    inputs = list(inputs)
+    for name in names:
+        target = os.path.join(output_dir, name)
+        if not os.path.lexists(target):
+            continue  # a new file cannot be an input
+        for source in inputs:
+            try:
+                same = os.path.realpath(target) == os.path.realpath(source) or os.path.samefile(target, source)
+            except OSError:  # a dangling symlink: nothing to compare with
+                same = False
+            if same:
+                raise DataError(f"writing {name} here would replace the input file {source}; {hint}",
+                                location=target)
+
+
 class AtomicWriter:
     """Writes each output to a hidden temp file next to its target; ``commit`` renames them all into place.
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -42,25 +40,31 @@ QUICK = Settings(num_eval=100, rl=RLConfig(steps=10, save_every=5))  # same worl
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from openrlhf_classmate.demo import gpu
+
     parser = argparse.ArgumentParser(
         prog="python -m openrlhf_classmate.demo",
         description="Embedded CPU demo: classmate CoT training on a tiny multi-step arithmetic world, through the "
-        "real launcher (Ray + DeepSpeed + HF engines). Writes metrics.jsonl, curves.png and summary.md.",
+        "real launcher (Ray + DeepSpeed + HF engines). Writes metrics.jsonl, curves.png and summary.md. With --gpu: "
+        "the same at GPU scale with vLLM engines, in resumable stages (docs/demo.md).",
     )
-    parser.add_argument("--output-dir", default="outputs/demo", help="where everything goes (default outputs/demo)")
+    parser.add_argument("--output-dir", default=None,
+                        help=f"where everything goes (default outputs/demo; --gpu: {gpu.DEFAULT_OUTPUT})")
     parser.add_argument("--seed", type=int, default=0, help="seeds the world, the warm-start, RL and evaluation")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 40; --quick: 10)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 40; --quick: 10; --gpu: 100)")
     parser.add_argument("--eval-every", type=int, default=None,
                         help="held-out evaluation of a checkpoint every N steps (default 5)")
     parser.add_argument("--compare-grpo", action="store_true",
                         help="also train plain GRPO (no classmate) from the same warm start and plot both")
     parser.add_argument("--quick", action="store_true",
                         help="shortened run (10 RL steps, 100 held-out problems), used by the tests")
+    gpu.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be >= 1")
     if args.eval_every is not None and args.eval_every < 1:
         parser.error("--eval-every must be >= 1")
+    gpu.check_arguments(parser, args)
     return args
 
 
@@ -88,25 +92,14 @@ class Progress:
         print(f"    {text}", flush=True)
 
 
-def _clear_previous_run(out: str) -> None:
-    """Remove the artefacts a previous demo run left in ``out`` (and nothing else)."""
-    for name in ("metrics.jsonl", "curves.png", "summary.md", "summary.json"):
-        if os.path.isfile(os.path.join(out, name)):
-            os.remove(os.path.join(out, name))
-    for name in glob.glob(os.path.join(out, "eval_*.jsonl")):
-        os.remove(name)
-    for name in ("runs", "world"):
-        if os.path.isdir(os.path.join(out, name)):
-            shutil.rmtree(os.path.join(out, name))
-
-
-def _strip_rows(result: dict) -> dict:
-    return {k: v for k, v in result.items() if k != "rows"}
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.gpu:
+        from openrlhf_classmate.demo import gpu
+
+        return gpu.main(args, argv)
 
     import torch  # the package import above has already installed the CPU shims
     from transformers import AutoModelForCausalLM
@@ -115,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from openrlhf_classmate.demo import launch as L
     from openrlhf_classmate.demo import models as M
     from openrlhf_classmate.demo import report as R
+    from openrlhf_classmate.demo import transfer as T
     from openrlhf_classmate.demo import warmstart as S
     from openrlhf_classmate.demo import world as W
 
@@ -124,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if rl.steps * rl.prompts_per_step > settings.num_train:
         raise SystemExit(f"--steps {rl.steps} needs {rl.steps * rl.prompts_per_step} training prompts; the world has "
                          f"{settings.num_train}")
-    out = os.path.abspath(args.output_dir)
+    out = os.path.abspath(args.output_dir or "outputs/demo")
     os.makedirs(out, exist_ok=True)
-    _clear_previous_run(out)
+    R.clear_previous_run(out)
     runs = ["classmate"] + (["grpo"] if args.compare_grpo else [])
     progress = Progress(num_stages=3 + 2 * len(runs) + 1)
     print(f"Classmate CoT demo: seed {args.seed}, {rl.steps} RL steps, output {out}"
@@ -137,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     world_dir = os.path.join(out, "world")
     train, held_out = W.make_splits(args.seed, settings.num_train, settings.num_eval)
     prompts_path = W.write_prompts(os.path.join(world_dir, "train.jsonl"), train)
-    W.write_prompts(os.path.join(world_dir, "heldout.jsonl"), held_out)
+    heldout_path = W.write_prompts(os.path.join(world_dir, "heldout.jsonl"), held_out)
     main_model, main_tok = M.new_model(W.WORDS, M.ModelSize(*MAIN_SIZE), seed=args.seed)
     cm_model, cm_tok = M.new_model(W.WORDS, M.ModelSize(*CLASSMATE_SIZE), seed=args.seed + 1)
     rng = random.Random(args.seed)
@@ -181,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     # ── 4. RL runs ──
     results: dict[str, dict] = {}
     curves: dict[str, dict[int, dict]] = {}
+    transfer: dict[str, dict] = {}
     metric_rows: list[dict] = []
     for run in runs:
         label = R.RUN_LABELS[run]
@@ -193,13 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def on_step(step: int, metrics: dict, elapsed: float, parsed=parsed, run=run) -> None:
             parsed[step] = metrics
-            text = f"step {step:3d}/{rl.steps}  main reward {metrics.get('reward', float('nan')):.2f}"
-            if run == "classmate":
-                text += (f"  classmate reward {metrics.get('classmate/reward', float('nan')):.2f}"
-                         f"  CoT {metrics.get('classmate/cot_tokens', float('nan')):4.1f} tok")
-            else:
-                text += f"  response {metrics.get('response_length', float('nan')):4.1f} tok"
-            progress.line(f"{text}  ({elapsed:.0f}s)")
+            progress.line(f"{R.step_line(run, step, rl.steps, metrics)}  ({elapsed:.0f}s)")
 
         L.run_launcher(run_dir, argv, on_step)
         progress.line(f"launcher log: {os.path.join(run_dir, 'launcher.log')}")
@@ -210,18 +199,26 @@ def main(argv: list[str] | None = None) -> int:
         progress.done(f"RL {label}", t)
 
         t = progress.header(f"Held-out evaluation of the {label} checkpoints")
-        curves[run] = {0: _strip_rows(before)}
+        curves[run] = {0: R.strip_rows(before)}
         final_path = os.path.join(run_dir, "final")
         points = {s: p for s, p in L.checkpoints(run_dir).items() if s < rl.steps}
         points[rl.steps] = final_path
         for step in sorted(points):
             model = AutoModelForCausalLM.from_pretrained(points[step], dtype=torch.float32)
             result = evaluate(model)
-            curves[run][step] = _strip_rows(result)
+            curves[run][step] = R.strip_rows(result)
             progress.line(f"step {step:3d}: {E.summary_line(result)}")
             if step == rl.steps:
                 results[run] = result
                 E.write_rows(os.path.join(out, f"eval_after_{run}.jsonl"), result)
+        # truncated-CoT transfer of the same checkpoints and the warm start: evaluate's checkpoint sweep
+        transfer[run] = T.run_sweep(T.sweep_argv(
+            os.path.join(run_dir, "transfer"), heldout_path, policy_path, classmate_path, points,
+            samples=settings.eval_samples, max_new_tokens=E.MAX_NEW_TOKENS,
+            classmate_max_new_tokens=E.CLASSMATE_MAX_NEW_TOKENS, seed=args.seed + 2))
+        transfer[run]["plot"] = os.path.relpath(transfer[run]["plot"], out)
+        for step, curve in transfer[run]["curves"].items():
+            progress.line(T.line(step, curve))
         progress.done(f"eval {label}", t)
 
     # ── 5. report ──
@@ -234,16 +231,13 @@ def main(argv: list[str] | None = None) -> int:
         "world": {"num_operands": W.NUM_OPERANDS, "max_operand": W.MAX_OPERAND, "max_result": W.MAX_RESULT,
                   "num_train": len(train), "num_eval": len(held_out), **dataclasses.asdict(W.WorldConfig())},
         "models": models_info,
-        "eval": {"before": _strip_rows(before), **{run: _strip_rows(r) for run, r in results.items()}},
+        "eval": {"before": R.strip_rows(before), **{run: R.strip_rows(r) for run, r in results.items()}},
         "curves": curves,
+        "transfer": transfer,
         "timings": progress.timings,
     }
-    title = (f"Classmate CoT demo (seed {args.seed}): held-out accuracy before -> after, classmate GDPO: main "
-             f"{100 * before['main_accuracy']:.0f}% -> {100 * results['classmate']['main_accuracy']:.0f}%, classmate "
-             f"{100 * before['classmate_accuracy']:.0f}% -> {100 * results['classmate']['classmate_accuracy']:.0f}%")
-    if "grpo" in results:
-        title += (f"; plain GRPO: main {100 * results['grpo']['main_accuracy']:.0f}%, classmate "
-                  f"{100 * results['grpo']['classmate_accuracy']:.0f}%")
+    title = R.headline(f"Classmate CoT demo (seed {args.seed}): held-out accuracy before -> after, classmate GDPO",
+                       before, results)
     R.plot(os.path.join(out, "curves.png"), metric_rows, curves, title)
     progress.done("report", t)
     progress.timings["total"] = time.time() - progress.start

@@ -5,6 +5,9 @@ setting). Each response is split into CoT / answer on token ids (``spans.cot_mas
 ``</think>``) is scored by the registry's ``arithmetic`` scorer. The classmate then receives
 ``build_classmate_input(messages, CoT)`` (the launcher's classmate prompt) and answers greedily; its answer is scored
 with the same scorer. Accuracies are means over all samples.
+
+The CPU demo generates with its in-memory models (:func:`evaluate`); the GPU demo with the saved models through
+``cli.evaluate``'s generation backends, vLLM or transformers (:func:`evaluate_saved`).
 """
 
 from __future__ import annotations
@@ -80,8 +83,8 @@ def chain_correct(problem: W.Problem, cot: str) -> bool:
 
 def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: list[W.Problem], samples: int,
              seed: int) -> dict:
-    from openrlhf_classmate.algo.response_split import ThinkFormat, decoded_answer, stop_token_ids
-    from openrlhf_classmate.scoring import score_responses
+    """The CPU demo's evaluation: both models in memory, transformers ``generate``."""
+    from openrlhf_classmate.algo.response_split import stop_token_ids
 
     torch.manual_seed(seed)
     prompts = []
@@ -89,6 +92,53 @@ def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: lis
         text = main_tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
         prompts += [list(main_tok.encode(text, add_special_tokens=False))] * samples
     responses = generate(main_model, main_tok, prompts, MAX_NEW_TOKENS, sample=True)
+    return score_samples(problems, samples, prompts, responses, main_tok,
+                         stop_token_ids(main_tok, main_model.generation_config), classmate_tok,
+                         lambda ids: generate(classmate_model, classmate_tok, ids, CLASSMATE_MAX_NEW_TOKENS,
+                                              sample=False),
+                         CLASSMATE_MAX_NEW_TOKENS)
+
+
+def evaluate_saved(main_path: str, classmate_path: str, problems: list[W.Problem], samples: int, seed: int, *,
+                   backend: str, max_new_tokens: int, classmate_max_new_tokens: int,
+                   gpu_memory_utilization: float = 0.3) -> dict:
+    """The GPU demo's evaluation: saved models through ``cli.evaluate``'s generation backends (``vllm``: one
+    ``vllm.LLM`` after the other, eager, bf16; ``hf``: transformers ``generate``), main model at temperature 1 with
+    ``samples`` samples per problem, then the classmate greedily on each CoT."""
+    from transformers import AutoTokenizer
+
+    from openrlhf_classmate.algo.response_split import load_stop_token_ids
+    from openrlhf_classmate.demo.warmstart import prompt_ids
+    from openrlhf_classmate.eval.generation import GenParams, make_generator
+
+    main_tok = AutoTokenizer.from_pretrained(main_path)
+    classmate_tok = AutoTokenizer.from_pretrained(classmate_path)
+    options = dict(seed=seed, progress=False, gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True,
+                   batch_size=256, dtype="bf16" if backend == "vllm" else "auto")
+    prompts = [prompt_ids(main_tok, p) for p in problems]
+    main = make_generator(backend, main_path, **options)
+    try:
+        outputs = main.generate(prompts, GenParams(max_new_tokens, temperature=1.0, n=samples, seed=seed))
+    finally:
+        main.close()
+    responses = [g.token_ids for gens in outputs for g in gens]
+    classmate = make_generator(backend, classmate_path, **options)
+    try:
+        return score_samples(problems, samples, [p for p in prompts for _ in range(samples)], responses, main_tok,
+                             load_stop_token_ids(main_path, main_tok), classmate_tok,
+                             lambda ids: [gens[0].token_ids for gens in classmate.generate(
+                                 ids, GenParams(classmate_max_new_tokens, temperature=0.0, seed=seed))],
+                             classmate_max_new_tokens)
+    finally:
+        classmate.close()
+
+
+def score_samples(problems: list[W.Problem], samples: int, prompts: list[list[int]], responses: list[list[int]],
+                  main_tok, stops, classmate_tok, classmate_generate, classmate_max_new_tokens: int) -> dict:
+    """Accuracies and CoT shapes of ``responses`` (problem-major: ``samples`` per problem, ``prompts`` alike);
+    ``classmate_generate(prompt_ids_list)`` answers each classmate prompt greedily."""
+    from openrlhf_classmate.algo.response_split import ThinkFormat, decoded_answer
+    from openrlhf_classmate.scoring import score_responses
 
     open_id, close_id = think_token_ids(main_tok)
     width = max(1, max(len(r) for r in responses))
@@ -97,7 +147,6 @@ def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: lis
     for i, r in enumerate(responses):
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = True
-    stops = stop_token_ids(main_tok, main_model.generation_config)
     spans = cot_mask(ids, mask, think_open_id=open_id, think_close_id=close_id, stop_ids=stops)
     form = ThinkFormat(open_id, close_id, stops)
 
@@ -109,12 +158,12 @@ def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: lis
         text = main_tok.decode(r, skip_special_tokens=False)
         answer = decoded_answer(main_tok, r, form.split(prompts[i], r))  # the training reward's answer
         request = build_classmate_input(classmate_tok, p.messages, cot_ids, main_tok, max_context=1 << 16,
-                                        max_new_tokens=CLASSMATE_MAX_NEW_TOKENS)
+                                        max_new_tokens=classmate_max_new_tokens)
         classmate_prompts.append(request.input_ids)
         rows.append({"problem": p.text, "ground_truth": p.answer, "response": text, "cot": cot, "answer": answer,
                      "cot_tokens": int(spans.length[i]), "style": cot_style(p, cot),
                      "chain_correct": chain_correct(p, cot)})
-    classmate_out = generate(classmate_model, classmate_tok, classmate_prompts, CLASSMATE_MAX_NEW_TOKENS, sample=False)
+    classmate_out = classmate_generate(classmate_prompts)
     labels = [{"data_source": "arithmetic", "ground_truth": str(row["ground_truth"])} for row in rows]
     main_scores = score_responses([row["answer"] for row in rows], labels)
     cm_texts = [classmate_tok.decode(o, skip_special_tokens=True) for o in classmate_out]

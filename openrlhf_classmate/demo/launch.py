@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 STEP_LINE = re.compile(r"Global step (\d+): (\{.*\})")
+NON_FINITE = re.compile(r"(?<![\w'\"])-?(?:nan|inf)(?![\w'\"])")
 
 
 @dataclass(frozen=True)
@@ -31,29 +32,41 @@ class RLConfig:
     classmate_max_new_tokens: int = 4
 
 
-def launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: int,
-                  classmate: str | None) -> list[str]:
-    """Flags of one run. ``classmate=None`` is plain GRPO (upstream ``group_norm``), otherwise classmate GDPO."""
+def parse_step_line(line: str) -> tuple[int, dict] | None:
+    """``(step, status)`` of the controller's ``Global step N: {...}`` line, or None for any other line. Non-finite
+    values (printed ``nan`` / ``inf``) become None; a status that does not parse becomes ``{}``."""
+    match = STEP_LINE.search(line)
+    if not match:
+        return None
+    try:
+        status = ast.literal_eval(NON_FINITE.sub("None", match.group(2)))
+    except (ValueError, SyntaxError):
+        status = {}
+    return int(match.group(1)), status if isinstance(status, dict) else {}
+
+
+def _run_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: int, classmate: str | None,
+              max_len: int) -> list[str]:
+    """The flags both demos share. ``classmate=None`` is plain GRPO (upstream ``group_norm``), otherwise classmate
+    GDPO."""
     batch = cfg.prompts_per_step * cfg.samples_per_prompt
+    micro = str(min(128, batch))
     argv = [
         "--actor.model_name_or_path", policy, "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
-        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", "1", "--train.colocate_actor_ref",
-        "--vllm.num_engines", "1", "--vllm.sync_backend", "gloo",
-        "--engine.backend", "hf", "--engine.hf_max_batch", str(batch),
+        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
         "--data.prompt_dataset", prompts, "--data.input_key", "prompt", "--data.label_key", "label",
-        "--data.apply_chat_template", "--data.max_len", "64",
+        "--data.apply_chat_template", "--data.max_len", str(max_len),
         "--data.max_samples", str(cfg.steps * cfg.prompts_per_step),  # one pass, one prompt batch per step
         "--rollout.max_new_tokens", str(cfg.max_new_tokens), "--rollout.temperature", "1.0",
         "--rollout.batch_size", str(cfg.prompts_per_step), "--rollout.n_samples_per_prompt",
-        str(cfg.samples_per_prompt), "--rollout.micro_batch_size", "128",
-        "--train.batch_size", str(batch), "--train.micro_batch_size", "128",  # one optimizer step per rollout
+        str(cfg.samples_per_prompt), "--rollout.micro_batch_size", micro,
+        "--train.batch_size", str(batch), "--train.micro_batch_size", micro,  # one optimizer step per rollout
         "--train.max_epochs", "1", "--train.num_episodes", "1", "--train.seed", str(seed),
-        "--algo.kl.init_coef", "0",  # no reference model
+        "--algo.kl.init_coef", "0",  # no reference model (as configs/classmate_gdpo.yaml)
         "--ds.zero_stage", "2", "--ds.param_dtype", "bf16", "--ds.attn_implementation", "sdpa",
         "--actor.adam.lr", str(cfg.lr), "--actor.lr_warmup_ratio", "0",
         "--ckpt.path", os.path.join(run_dir, "ckpt"), "--ckpt.output_dir", os.path.join(run_dir, "final"),
-        "--ckpt.save_steps", str(cfg.save_every), "--ckpt.save_hf", "--ckpt.disable_ds",
-        "--ckpt.max_num", str(cfg.steps // cfg.save_every + 1),  # keep every HF checkpoint (they rotate with it)
+        "--ckpt.save_steps", str(cfg.save_every),
         "--logger.tensorboard_dir", os.path.join(run_dir, "tensorboard"),
     ]
     if classmate:
@@ -64,6 +77,47 @@ def launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: 
         ]
     else:
         argv += ["--algo.advantage.estimator", "group_norm"]
+    return argv
+
+
+def launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: int,
+                  classmate: str | None) -> list[str]:
+    """Flags of one CPU demo run: HF engines, actor and reference colocated, HF checkpoints for the held-out
+    curves."""
+    return _run_argv(run_dir, policy, prompts, cfg, seed, classmate, max_len=64) + [
+        "--train.colocate_actor_ref", "--vllm.sync_backend", "gloo",
+        "--engine.backend", "hf", "--engine.hf_max_batch", str(cfg.prompts_per_step * cfg.samples_per_prompt),
+        "--ckpt.save_hf", "--ckpt.disable_ds",
+        "--ckpt.max_num", str(cfg.steps // cfg.save_every + 1),  # keep every HF checkpoint (they rotate with it)
+    ]
+
+
+ENGINE_MEMORY = {"policy": 0.2, "classmate": 0.15}  # fractions of the GPU (those of the vllm1 validation runs)
+
+
+def gpu_launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: int, classmate: str | None, *,
+                      engine: str, max_len: int, enforce_eager: bool = False) -> list[str]:
+    """Flags of one GPU demo run: the production single-GPU layout (``configs/classmate_gdpo.yaml``): actor and
+    engines colocated (``--train.colocate_all``), vLLM sleep mode between rollouts, the classmate engine in the
+    actor's placement group (``colocate``, sleeping too), CUDA graphs (no ``--vllm.enforce_eager``), and the weight
+    sync upstream picks there (CUDA IPC under ``colocate_all`` with ``--vllm.sync_backend nccl``). DeepSpeed
+    checkpoints every ``cfg.save_every`` steps and ``--ckpt.load_enable``, so a stopped run resumes where it
+    stopped. ``engine="hf"``: the same flags with HF-transformers engines and gloo (the CPU check).
+    ``enforce_eager``: no CUDA graphs (a fallback for a machine where their capture fails)."""
+    argv = _run_argv(run_dir, policy, prompts, cfg, seed, classmate, max_len) + [
+        "--train.colocate_all", "--vllm.enable_sleep", "--engine.backend", engine,
+        "--ckpt.max_num", "2", "--ckpt.load_enable",
+    ]
+    if engine == "vllm":
+        argv += ["--vllm.sync_backend", "nccl", "--vllm.gpu_memory_utilization", str(ENGINE_MEMORY["policy"])]
+        argv += ["--vllm.enforce_eager"] if enforce_eager else []
+    else:
+        argv += ["--vllm.sync_backend", "gloo",
+                 "--engine.hf_max_batch", str(cfg.prompts_per_step * cfg.samples_per_prompt)]
+    if classmate:
+        argv += ["--classmate.placement", "colocate"]
+        if engine == "vllm":
+            argv += ["--classmate.gpu_memory_utilization", str(ENGINE_MEMORY["classmate"])]
     return argv
 
 
@@ -88,13 +142,9 @@ def run_launcher(run_dir: str, argv: list[str], on_step: Callable[[int, dict, fl
         try:
             for line in proc.stdout:
                 log.write(line)
-                match = STEP_LINE.search(line)
-                if match:
-                    try:
-                        metrics = ast.literal_eval(match.group(2))
-                    except (ValueError, SyntaxError):
-                        metrics = {}
-                    on_step(int(match.group(1)), metrics, time.time() - start)
+                parsed = parse_step_line(line)
+                if parsed:
+                    on_step(*parsed, time.time() - start)
                 if time.time() - start > timeout:
                     proc.kill()
                     raise RuntimeError(f"the launcher ran past {timeout:.0f}s; log: {log_path}")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from openrlhf_classmate.testing.tiny_models import new_tiny_model
-
 
 @dataclass(frozen=True)
 class ModelSize:
@@ -23,6 +21,8 @@ class ModelSize:
 
 def new_model(words: list[str], size: ModelSize, seed: int, max_positions: int = 128):
     """A randomly initialised model and its tokenizer (nothing saved)."""
+    from openrlhf_classmate.testing.tiny_models import new_tiny_model
+
     return new_tiny_model(words, size.hidden_size, size.num_layers, size.num_heads,
                           size.intermediate_size or 4 * size.hidden_size, seed, max_positions)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
+
+from openrlhf_classmate.demo.transfer import markdown as transfer_markdown
 
 # metrics.jsonl field <- tensorboard tag (the launcher logs every step under train/)
 TAGS = {
@@ -22,6 +25,24 @@ RUN_LABELS = {"classmate": "classmate GDPO", "grpo": "plain GRPO"}
 COLORS = {"classmate": "tab:blue", "grpo": "tab:orange"}
 
 
+def clear_previous_run(out: str, gpu: bool = False) -> None:
+    """Remove the artefacts a previous demo run left in ``out`` (and nothing else); ``gpu``: the GPU demo's too
+    (``settings.json`` and the stage markers)."""
+    for name in ("metrics.jsonl", "curves.png", "summary.md", "summary.json") + (("settings.json",) if gpu else ()):
+        if os.path.isfile(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    for name in glob.glob(os.path.join(out, "eval_*.jsonl")):
+        os.remove(name)
+    for name in ("runs", "world") + (("stages",) if gpu else ()):
+        if os.path.isdir(os.path.join(out, name)):
+            shutil.rmtree(os.path.join(out, name))
+
+
+def strip_rows(result: dict) -> dict:
+    """An evaluation result without its per-sample rows."""
+    return {k: v for k, v in result.items() if k != "rows"}
+
+
 def read_tensorboard(tb_dir: str) -> dict[str, dict[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -34,20 +55,68 @@ def read_tensorboard(tb_dir: str) -> dict[str, dict[int, float]]:
     return out
 
 
-def step_rows(run: str, scalars: dict[str, dict[int, float]], fallback: dict[int, dict]) -> list[dict]:
-    """One row per step; the tensorboard events are the source, the parsed log lines a fallback."""
-    steps = sorted(set(scalars.get(TAGS["main_reward"], {})) or set(fallback))
+EXTRA_PREFIXES = ("mismatch/",)  # the train-inference mismatch (issue 25), recorded whole wherever it is logged
+EXTRA_KEYS = ("vllm_kl",)  # upstream's, with --algo.advantage.is_correction_level
+
+
+def _extra_tags(scalars: dict[str, dict[int, float]], fallback: dict[int, dict]) -> dict[str, str]:
+    keys = {tag.removeprefix("train/") for tag in scalars if tag.startswith("train/")}
+    keys |= {k for status in fallback.values() for k in status}
+    return {k: f"train/{k}" for k in sorted(keys) if k in EXTRA_KEYS or k.startswith(EXTRA_PREFIXES)}
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def step_rows(run: str, scalars: dict[str, dict[int, float]], fallback: dict[int, dict],
+              prefer_fallback: bool = False) -> list[dict]:
+    """One row per step; the tensorboard events are the source and the parsed log lines a fallback, or the other
+    way round with ``prefer_fallback`` (the GPU demo: its runs can be stopped before the event writer flushes, and
+    a resumed run's lines are the newest values of the steps it trains again)."""
+    steps = sorted(set(scalars.get(TAGS["main_reward"], {})) | set(fallback))
+    names = {**TAGS, **_extra_tags(scalars, fallback)}
     rows = []
     for step in steps:
         row: dict = {"run": run, "step": step}
-        for name, tag in TAGS.items():
-            value = scalars.get(tag, {}).get(step)
-            if value is None:
-                value = fallback.get(step, {}).get(tag.removeprefix("train/"))
+        for name, tag in names.items():
+            logged = _number(scalars.get(tag, {}).get(step))
+            parsed = _number(fallback.get(step, {}).get(tag.removeprefix("train/")))
+            first, second = (parsed, logged) if prefer_fallback else (logged, parsed)
+            value = first if first is not None else second
             if value is not None:
-                row[name] = float(value)
+                row[name] = value
         rows.append(row)
     return rows
+
+
+def _value(status: dict, key: str) -> float:
+    value = status.get(key)
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def step_line(run: str, step: int, steps: int, status: dict) -> str:
+    """The progress line of one RL step (from the launcher's parsed ``Global step`` status)."""
+    text = f"step {step:3d}/{steps}  main reward {_value(status, 'reward'):.2f}"
+    if run == "classmate":
+        text += (f"  classmate reward {_value(status, 'classmate/reward'):.2f}"
+                 f"  CoT {_value(status, 'classmate/cot_tokens'):4.1f} tok")
+    else:
+        text += f"  response {_value(status, 'response_length'):4.1f} tok"
+    if "mismatch/logprob_abs_diff_mean" in status:
+        text += f"  |dlogp| {_value(status, 'mismatch/logprob_abs_diff_mean'):.1e}"
+    return text
+
+
+def headline(prefix: str, before: dict, after: dict[str, dict]) -> str:
+    """The plot's title: held-out accuracies before -> after per method."""
+    gdpo = after["classmate"]
+    text = (f"{prefix}: main {100 * before['main_accuracy']:.0f}% -> {100 * gdpo['main_accuracy']:.0f}%, classmate "
+            f"{100 * before['classmate_accuracy']:.0f}% -> {100 * gdpo['classmate_accuracy']:.0f}%")
+    if "grpo" in after:
+        text += (f"; plain GRPO: main {100 * after['grpo']['main_accuracy']:.0f}%, classmate "
+                 f"{100 * after['grpo']['classmate_accuracy']:.0f}%")
+    return text
 
 
 def write_metrics(path: str, rows: list[dict]) -> None:
@@ -141,7 +210,8 @@ def summary_markdown(summary: dict) -> str:
     lines.append("| CoT styles full / skip-last / none / other | " + " | ".join(
         " / ".join(f"{100 * r['styles'][k]:.0f}" for k in ("full", "skip", "none", "other")) + " %"
         for r in [before, *after.values()]) + " |")
-    lines += ["", "| stage | wall time |", "|---|---|"]
+    lines += [""] + transfer_markdown(summary.get("transfer", {}), RUN_LABELS)
+    lines += ["| stage | wall time |", "|---|---|"]
     for stage, seconds in summary["timings"].items():
         lines.append(f"| {stage} | {seconds:.0f} s |")
     lines += ["", f"Models: main {summary['models']['main_params']:,} parameters, classmate "

@@ -1,4 +1,5 @@
-"""Warm-start of both demo models: a plain, seeded supervised loop on CPU (loss on the completion tokens only).
+"""Warm-start of both demo models: a plain, seeded supervised loop (loss on the completion tokens only), on CPU for
+the embedded demo and on the GPU (bf16 autocast) for ``--gpu``.
 
 * main model: prompt (chat template) -> one imperfect trace of :func:`world.sample_trace` + EOS;
 * classmate: the classmate prompt the launcher builds (``build_classmate_input``: chat template, ``<think>``, a CoT,
@@ -28,22 +29,26 @@ def prompt_ids(tokenizer, problem: W.Problem) -> list[int]:
     return encode(tokenizer, text)
 
 
+def encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
+    """``encode`` of every text in one call (the same ids; the fast tokenizer batches the work)."""
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+
+
 def main_examples(tokenizer, problems: list[W.Problem], rng: random.Random, cfg: W.WorldConfig,
-                  per_problem: int = 1) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for p in problems:
-        prompt = prompt_ids(tokenizer, p)
-        for _ in range(per_problem):
-            cot, answer = W.sample_trace(p, rng, cfg)
-            out.append((prompt, encode(tokenizer, W.response_text(cot, answer)) + [tokenizer.eos_token_id]))
-    return out
+                  per_problem: int = 1, spec: W.Spec = W.CPU) -> list[tuple[list[int], list[int]]]:
+    templates = [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
+                 for p in problems]
+    prompts = encode_batch(tokenizer, templates)  # = prompt_ids(tokenizer, p), in one call
+    texts = [W.response_text(*W.sample_trace(p, rng, cfg, spec=spec)) for p in problems for _ in range(per_problem)]
+    eos = tokenizer.eos_token_id
+    return [(prompts[i // per_problem], ids + [eos]) for i, ids in enumerate(encode_batch(tokenizer, texts))]
 
 
-def _scrambled_cot(rng: random.Random) -> str:
-    words = [str(rng.randint(0, W.MAX_WORD)) if rng.random() < 0.6 else rng.choice(["+", "-", "="])
+def _scrambled_cot(rng: random.Random, spec: W.Spec = W.CPU) -> str:
+    words = [str(rng.randint(0, spec.max_word)) if rng.random() < 0.6 else rng.choice(["+", "-", "="])
              for _ in range(rng.randint(1, 14))]
     if not any(w.isdigit() for w in words):
-        words.append(str(rng.randint(0, W.MAX_WORD)))
+        words.append(str(rng.randint(0, spec.max_word)))
     return " ".join(words)
 
 
@@ -51,21 +56,23 @@ CLASSMATE_READ_CONFIG = W.WorldConfig(style_probs=(0.45, 0.35, 0.20), step_error
 
 
 def classmate_examples(classmate_tok, main_tok, problems: list[W.Problem], rng: random.Random,
-                       per_problem: int = 1) -> list[tuple[list[int], list[int]]]:
+                       per_problem: int = 1, spec: W.Spec = W.CPU) -> list[tuple[list[int], list[int]]]:
     out = []
     for p in problems:
         for _ in range(per_problem):
             if rng.random() < 0.15:
-                cot = _scrambled_cot(rng)
+                cot = _scrambled_cot(rng, spec)
             else:
-                cot, _ = W.sample_trace(p, rng, CLASSMATE_READ_CONFIG)
+                cot, _ = W.sample_trace(p, rng, CLASSMATE_READ_CONFIG, spec=spec)
                 if cot and rng.random() < 0.3:  # chains cut anywhere, not only at step boundaries
                     words = cot.split()
                     cot = " ".join(words[: rng.randint(1, len(words))])
             target = W.last_number(cot)
             if target is None:
-                target = rng.randint(0, W.MAX_RESULT)  # nothing to read: any guess
-            cot_ids = encode(main_tok, cot) if cot else []
+                target = rng.randint(0, spec.max_result)  # nothing to read: any guess
+            # the CoT as it sits between the think tags of a response (``response_text``), spaces included: what
+            # a byte-level BPE tokenizer gives the launcher (a word-level one drops the spaces)
+            cot_ids = encode(main_tok, f" {cot} " if cot else " ")
             request = build_classmate_input(classmate_tok, p.messages, cot_ids, main_tok, max_context=1 << 16,
                                             max_new_tokens=1)
             out.append((request.input_ids, encode(classmate_tok, str(target)) + [classmate_tok.eos_token_id]))
@@ -86,10 +93,16 @@ def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[to
 
 
 def train(model, examples: list[tuple[list[int], list[int]]], pad_id: int, steps: int, batch_size: int, lr: float,
-          seed: int, log: Callable[[str], None] = print, log_every: int = 200) -> dict[str, float]:
-    """AdamW with linear warm-up and cosine decay; returns the final smoothed loss and the wall time."""
+          seed: int, log: Callable[[str], None] = print, log_every: int = 200, device: str = "cpu") -> dict[str, float]:
+    """AdamW with linear warm-up and cosine decay; returns the final smoothed loss and the wall time.
+
+    On a CUDA ``device``: bf16 autocast, fused AdamW, no padding mask (right padding under a causal mask changes no
+    real token's output, and the mask-free attention takes the fastest kernel), and the loss is read back only when
+    logged, so preparing the next batch overlaps the GPU's work."""
+    cuda = device.startswith("cuda")
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98),
+                            **({"fused": True} if cuda else {}))
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
@@ -98,16 +111,18 @@ def train(model, examples: list[tuple[list[int], list[int]]], pad_id: int, steps
     start, smooth = time.time(), None
     for step in range(steps):
         index = torch.randint(len(examples), (batch_size,), generator=gen).tolist()
-        ids, labels, attention = _batch([examples[i] for i in index], pad_id)
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        ids, labels, attention = (t.to(device, non_blocking=True)
+                                  for t in _batch([examples[i] for i in index], pad_id))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = model(input_ids=ids, attention_mask=None if cuda else attention, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        value = loss.item()
+        value = loss.detach().float() if cuda else loss.item()
         smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
         if (step + 1) % log_every == 0 or step + 1 == steps:
-            log(f"    step {step + 1:5d}/{steps}  loss {smooth:.3f}  ({time.time() - start:.0f}s)")
+            log(f"    step {step + 1:5d}/{steps}  loss {float(smooth):.3f}  ({time.time() - start:.0f}s)")
     model.eval()
-    return {"loss": smooth or 0.0, "seconds": time.time() - start}
+    return {"loss": float(smooth or 0.0), "seconds": time.time() - start}

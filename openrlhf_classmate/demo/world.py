@@ -37,6 +37,25 @@ STYLES = ("full", "skip", "none")
 
 
 @dataclass(frozen=True)
+class Spec:
+    """Size of the arithmetic: ``min_operands..max_operands`` operands in ``1..max_operand``, running results in
+    ``0..max_result``; written values (wrong ones included) stay in ``0..max_word``. ``slip_offsets``: how a
+    written value goes wrong (``None``: by -2..+2, as the CPU demo's vocabulary allows); a guessed answer is off by
+    up to ``guess_width``."""
+
+    min_operands: int = NUM_OPERANDS
+    max_operands: int = NUM_OPERANDS
+    max_operand: int = MAX_OPERAND
+    max_result: int = MAX_RESULT
+    max_word: int = MAX_WORD
+    slip_offsets: tuple[int, ...] | None = None
+    guess_width: int = 4
+
+
+CPU = Spec()  # the embedded CPU demo (word-level vocabulary of WORDS)
+
+
+@dataclass(frozen=True)
 class WorldConfig:
     """Knobs of the warm-start trace distribution (the defaults are the ones the README numbers come from)."""
 
@@ -71,25 +90,28 @@ def apply(value: int, op: str, d: int) -> int:
     return value + d if op == "+" else value - d
 
 
-def random_problem(rng: random.Random) -> Problem:
-    first = rng.randint(1, MAX_OPERAND)
+def random_problem(rng: random.Random, spec: Spec = CPU) -> Problem:
+    # a fixed length draws nothing for it (the CPU demo's problems stay those of earlier versions for a seed)
+    n = spec.min_operands if spec.min_operands == spec.max_operands else rng.randint(spec.min_operands,
+                                                                                      spec.max_operands)
+    first = rng.randint(1, spec.max_operand)
     value, steps = first, []
-    for _ in range(NUM_OPERANDS - 1):
-        d = rng.randint(1, MAX_OPERAND)
-        ops = [op for op in ("+", "-") if 0 <= apply(value, op, d) <= MAX_RESULT]
+    for _ in range(n - 1):
+        d = rng.randint(1, spec.max_operand)
+        ops = [op for op in ("+", "-") if 0 <= apply(value, op, d) <= spec.max_result]
         op = rng.choice(ops)
         value = apply(value, op, d)
         steps.append((op, d))
     return Problem(first, tuple(steps))
 
 
-def make_splits(seed: int, num_train: int, num_eval: int) -> tuple[list[Problem], list[Problem]]:
+def make_splits(seed: int, num_train: int, num_eval: int, spec: Spec = CPU) -> tuple[list[Problem], list[Problem]]:
     """Disjoint train / held-out problem sets (distinct problems, seeded)."""
     rng = random.Random(seed)
     seen: set[Problem] = set()
     problems: list[Problem] = []
     for _ in range(50 * (num_train + num_eval)):
-        p = random_problem(rng)
+        p = random_problem(rng, spec)
         if p not in seen:
             seen.add(p)
             problems.append(p)
@@ -100,9 +122,16 @@ def make_splits(seed: int, num_train: int, num_eval: int) -> tuple[list[Problem]
     return problems[num_eval:], problems[:num_eval]
 
 
-def _slip(rng: random.Random, value: int, width: int = 2) -> int:
-    """A wrong value near ``value`` (never ``value`` itself), inside the vocabulary."""
-    return rng.choice([value + k for k in range(-width, width + 1) if k and 0 <= value + k <= MAX_WORD])
+def _slip(rng: random.Random, value: int, width: int = 2, spec: Spec = CPU) -> int:
+    """A wrong value near ``value`` (never ``value`` itself), inside ``0..spec.max_word``: off by ``-width..width``;
+    with ``spec.slip_offsets`` a written step (``width`` 2) is off by one of them and a guess by up to
+    ``spec.guess_width``."""
+    if spec.slip_offsets is not None and width <= 2:
+        offsets = list(spec.slip_offsets)
+    else:
+        w = width if spec.slip_offsets is None else spec.guess_width
+        offsets = [k for k in range(-w, w + 1) if k]
+    return rng.choice([value + k for k in offsets if 0 <= value + k <= spec.max_word] or [value + 1])
 
 
 def chain_text(problem: Problem, written: list[int]) -> str:
@@ -113,27 +142,28 @@ def chain_text(problem: Problem, written: list[int]) -> str:
     return " ".join(parts)
 
 
-def sample_trace(problem: Problem, rng: random.Random, cfg: WorldConfig, style: str | None = None) -> tuple[str, str]:
+def sample_trace(problem: Problem, rng: random.Random, cfg: WorldConfig, style: str | None = None,
+                 spec: Spec = CPU) -> tuple[str, str]:
     """(CoT text, answer text) of one warm-start trace of the main model."""
     style = style or rng.choices(STYLES, weights=cfg.style_probs)[0]
     if style == "none":
-        answer = problem.answer if rng.random() < cfg.guess_correct else _slip(rng, problem.answer, width=4)
+        answer = problem.answer if rng.random() < cfg.guess_correct else _slip(rng, problem.answer, 4, spec)
         return "", str(answer)
     n_written = len(problem.steps) if style == "full" else len(problem.steps) - 1
     value, written = problem.first, []
     for op, d in problem.steps[:n_written]:
-        value = min(max(apply(value, op, d), 0), MAX_WORD)  # a wrong chain may leave the range
+        value = min(max(apply(value, op, d), 0), spec.max_word)  # a wrong chain may leave the range
         if rng.random() < cfg.step_error:
-            value = _slip(rng, value)
+            value = _slip(rng, value, 2, spec)
         written.append(value)
     if style == "full":
         answer = value
     else:
         op, d = problem.steps[-1]
         answer = apply(value, op, d)
-        answer = min(max(answer, 0), MAX_WORD)
+        answer = min(max(answer, 0), spec.max_word)
         if rng.random() < cfg.answer_error:
-            answer = _slip(rng, answer)
+            answer = _slip(rng, answer, 2, spec)
     return chain_text(problem, written), str(answer)
 
 

@@ -179,8 +179,8 @@ class HFGenerator:
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         results: list[list[Generation]] = []
-        starts = range(0, len(prompts), self.batch_size)
-        for start in tqdm(starts, desc=desc, unit="batch", disable=not self.progress):
+        bar = tqdm(total=len(prompts) * params.n, desc=desc, unit="sample", disable=not self.progress, leave=False)
+        for start in range(0, len(prompts), self.batch_size):
             batch = [list(p) for p in prompts[start:start + self.batch_size]]
             width = max(len(p) for p in batch)
             ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
@@ -193,6 +193,8 @@ class HFGenerator:
             new = out[:, width:].tolist()
             for i in range(len(batch)):
                 results.append([self._trim(new[i * params.n + j], params.max_new_tokens) for j in range(params.n)])
+            bar.update(len(batch) * params.n)
+        bar.close()
         return results
 
     def _trim(self, tokens: list[int], max_new_tokens: int) -> Generation:

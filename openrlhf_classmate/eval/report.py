@@ -1,8 +1,8 @@
 """Summary metrics, the printed table and the PNG plots of ``openrlhf_classmate.cli.evaluate``.
 
 Each per-sample record (a row of ``samples.jsonl``) carries ``scorer``, ``prompt_index``, ``score``, ``valid``,
-``has_answer``, ``finish_reason``, ``cot_tokens``, ``response_tokens`` and, when run, ``classmate_*`` and
-``monitor_*`` fields. A scorer is *rating*-valued (the sycophancy judge, 1-10) or *binary* (every valid score 0/1:
+``has_answer``, ``finish_reason``, ``cot_tokens``, ``response_tokens`` and, when run, ``classmate_*``, ``monitor_*``
+and ``transfer`` (``{reader: {CoT fraction: score or None}}``, see :mod:`.readers`) fields. A scorer is *rating*-valued (the sycophancy judge, 1-10) or *binary* (every valid score 0/1:
 accuracy); anything else is reported as a mean score.
 """
 
@@ -80,6 +80,25 @@ def _classmate_metrics(records: Sequence[dict], kind: str) -> dict[str, float]:
     return out
 
 
+def _transfer_metrics(records: Sequence[dict], kind: str) -> dict[str, Any]:
+    """Per reader and CoT fraction: the mean of the valid scores (``accuracy`` for binary scorers) and the valid
+    fraction; an invalid score (``None``) is masked, never 0."""
+    ran = [r["transfer"] for r in records if r.get("transfer")]
+    if not ran:
+        return {}
+    out: dict[str, Any] = {}
+    for reader, by_fraction in ran[0].items():
+        out[reader] = {}
+        for fraction in by_fraction:
+            scores = [t[reader][fraction] for t in ran]
+            valid = [v for v in scores if v is not None]
+            entry = {"score_mean": _mean(valid), "valid_fraction": len(valid) / len(scores)}
+            if kind == "binary":
+                entry["accuracy"] = entry["score_mean"]
+            out[reader][fraction] = entry
+    return {"transfer": out}
+
+
 def summarize(records: Sequence[dict], monitor: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """Per scorer and overall (``all``): main metrics, classmate metrics, monitor metrics (passed in per scorer)."""
     by_scorer: dict[str, list[dict]] = {}
@@ -88,17 +107,19 @@ def summarize(records: Sequence[dict], monitor: dict[str, dict[str, float]] | No
     groups: dict[str, Any] = {}
     for scorer, recs in sorted(by_scorer.items()):
         kind = score_kind(scorer, recs)
-        groups[scorer] = {"kind": kind, **_main_metrics(recs, kind), **_classmate_metrics(recs, kind)}
+        groups[scorer] = {"kind": kind, **_main_metrics(recs, kind), **_classmate_metrics(recs, kind),
+                          **_transfer_metrics(recs, kind)}
         if monitor and scorer in monitor:
             groups[scorer]["monitor"] = monitor[scorer]
     if len(groups) > 1:
         kinds = {g["kind"] for g in groups.values()}
         kind = kinds.pop() if len(kinds) == 1 else "score"
-        groups["all"] = {"kind": kind, **_main_metrics(records, kind), **_classmate_metrics(records, kind)}
+        groups["all"] = {"kind": kind, **_main_metrics(records, kind), **_classmate_metrics(records, kind),
+                         **_transfer_metrics(records, kind)}
     return groups
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
@@ -114,11 +135,24 @@ def format_table(groups: dict[str, Any]) -> str:
         score = g.get("accuracy", g.get("mean_rating", g.get("score_mean")))
         label = {"binary": "acc ", "rating": "rtg "}.get(g["kind"], "")
         mon = g.get("monitor") or {}
-        monitor = (f"mse {_fmt(mon['mse'])}" if "mse" in mon else f"f1 {_fmt(mon['f1'])}" if "f1" in mon else "-")
-        rows.append([name, _fmt(int(g["samples"])), label + _fmt(score), _fmt(g["valid_fraction"]),
-                     _fmt(g["answer_fraction"]), _fmt(g["cot_tokens_mean"]), _fmt(g.get("classmate_score_mean")),
-                     _fmt(g.get("classmate_agreement")), monitor])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        monitor = (f"mse {fmt(mon['mse'])}" if "mse" in mon else f"f1 {fmt(mon['f1'])}" if "f1" in mon else "-")
+        rows.append([name, fmt(int(g["samples"])), label + fmt(score), fmt(g["valid_fraction"]),
+                     fmt(g["answer_fraction"]), fmt(g["cot_tokens_mean"]), fmt(g.get("classmate_score_mean")),
+                     fmt(g.get("classmate_agreement")), monitor])
+    text = format_columns(rows)
+    transfer = [(name, g["transfer"]) for name, g in groups.items() if g.get("transfer")]
+    fractions = list(next(iter(transfer[0][1].values()))) if transfer else []
+    if len(fractions) > 1 or any(set(by_reader) != {"classmate"} for _, by_reader in transfer):
+        rows = [["scorer", "reader", *(f"CoT {float(f):.0%}" for f in fractions)]]
+        for name, by_reader in transfer:
+            for reader, by_fraction in by_reader.items():
+                rows.append([name, reader, *(fmt(by_fraction[f]["score_mean"]) for f in fractions)])
+        text += "\n\nreader scores after the first fraction of the CoT (truncated-CoT transfer)\n" + format_columns(rows)
+    return text
+
+
+def format_columns(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -1,4 +1,7 @@
-"""Policy actor side: ``ClassmatePolicyModelActor`` and its trainer ``ClassmateActorPPOTrainer``.
+"""Policy actor side: ``ClassmatePolicyModelActor`` and its trainer ``ClassmateActorPPOTrainer``; the reference
+worker ``ClassmateReferenceModelActor``. Both workers build an ``Actor`` that compares its loaded weights with the
+checkpoint (``integration/weight_check.py``), chunked-log-prob with ``--logprobs.chunked``
+(``integration/chunked_actor.py``).
 
 Upstream's ``training_step`` calls ``self.actor_loss_fn(log_probs, old_log_probs, advantages, action_mask=...,
 rollout_log_probs=..., **loss_batch_info)`` and never passes the rest of the micro-batch. ``ClassmateActorPPOTrainer``
@@ -12,13 +15,16 @@ non-finite rewards, advantages, losses and gradients away from the optimizer.
 from __future__ import annotations
 
 import torch
+from openrlhf.models import Actor
 from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
+from openrlhf_classmate.integration.chunked_actor import ChunkedLogprobActor, chunk_size_from_args, chunked_actor_class
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
-from openrlhf_classmate.integration.patches import install_actor_trainer, install_verified_actor
+from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
+from openrlhf_classmate.integration.weight_check import LoadCheckedActor, load_checked_class
 
 
 class ClassmateLossAdapter(torch.nn.Module):
@@ -122,15 +128,17 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
 class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         install_actor_trainer(ClassmateActorPPOTrainer)
-        install_verified_actor()  # the loaded weights are compared with the checkpoint
+        chunked = install_worker_actor(strategy.args)
         if strategy.args.engine.backend == "hf":
             vllm_engines = None  # HF engines get weights from the controller through the object store
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         if not isinstance(self.trainer, ClassmateActorPPOTrainer):
             raise RuntimeError("upstream no longer builds ActorPPOTrainer through the module global we rebind")
+        _check_built(self.actor, chunked, "policy")
 
     def hf_engine_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere."""
+        """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere; with
+        ``--ds.lora.rank`` the merged weights (:func:`engine_state_dict`)."""
         import deepspeed
 
         model = self.actor.model.module
@@ -138,12 +146,64 @@ class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
         with deepspeed.zero.GatheredParameters(params, enabled=self.strategy.args.ds.zero_stage == 3):
             if torch.distributed.get_rank() != 0:
                 return None
-            return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+            return engine_state_dict(model)
+
+
+def engine_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights an engine loads, on the CPU: the model's state dict, or for a peft LoRA model (upstream's
+    ``--ds.lora.rank``) each adapted weight merged, ``W + B A · scaling`` in W's dtype as peft's own merge computes
+    it, under the base model's parameter names. Computed aside: the training weights stay base + adapter."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+    base = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for adapter in module.active_adapters:
+            if adapter not in module.lora_A or adapter in module.merged_adapters:
+                continue  # not a linear adapter of this layer, or already inside the base weight
+            if module.lora_variant.get(adapter) is not None or module.lora_bias.get(adapter):
+                raise NotImplementedError(f"{name}: only plain LoRA adapters (no DoRA, no LoRA bias) are merged")
+            key = f"{name}.base_layer.weight"
+            delta = module.get_delta_weight(adapter)
+            deltas[key] = delta if key not in deltas else deltas[key] + delta
+    merged = {}
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        if "modules_to_save" in key or "original_module" in key:
+            raise NotImplementedError(f"{key}: peft modules_to_save are not merged for the engines")
+        value = tensor.detach()
+        if key in deltas:
+            value = value + deltas[key].to(value.dtype)
+        merged[key.replace(".base_layer.", ".")] = value.to("cpu", copy=True)
+    return merged
 
 
 class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
-    """Upstream's reference actor; its loaded weights are compared with the checkpoint (``weight_check``)."""
+    """Upstream's reference worker; its ``Actor`` checks the loaded weights against the checkpoint, and with
+    ``--logprobs.chunked`` computes log-probs (the reference forward and VR-CLI's NLLs) through the chunked LM head."""
 
     def init_model_from_pretrained(self, strategy, pretrain):
-        install_verified_actor()
+        chunked = install_worker_actor(strategy.args)
         super().init_model_from_pretrained(strategy, pretrain)
+        _check_built(self.model, chunked, "reference")
+
+
+def install_worker_actor(args) -> bool:
+    """In a policy or reference worker, before upstream's ``init_model_from_pretrained``: make it build our ``Actor``:
+    upstream's, or the chunked one with ``--logprobs.chunked`` (returns whether), whose weights are compared with the
+    checkpoint as soon as they are loaded (``integration/weight_check.py``; the policy's EMA copy too)."""
+    chunk_size = chunk_size_from_args(args)
+    base = chunked_actor_class(chunk_size) if chunk_size is not None else Actor
+    install_actor_model(load_checked_class(base))
+    return chunk_size is not None
+
+
+def _check_built(actor, chunked: bool, which: str) -> None:
+    if not isinstance(actor, LoadCheckedActor) or (chunked and not isinstance(actor, ChunkedLogprobActor)):
+        raise RuntimeError(f"upstream no longer builds the {which}'s Actor through the module global we rebind")

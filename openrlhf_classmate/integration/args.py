@@ -9,7 +9,9 @@ its checks) minus the final ``train(args)`` call. So every upstream flag, defaul
 ``--config FILE.yaml`` holds nested keys (``actor: {adam: {lr: 1e-6}}``) that map to the dotted flags
 (``--actor.adam.lr``). The file is turned into command-line tokens placed *before* the real command line, so
 explicit flags win and every value goes through argparse's own type conversion and ``choices`` checks. Unknown or
-duplicate keys, YAML syntax errors and non-UTF-8 files are refused with the file and line.
+duplicate keys, a flag written twice (nested and dotted), a key without a value, YAML syntax errors and non-UTF-8
+files are refused with the file and line. YAML merge keys (``<<: *anchor``) work; a key that would silently replace
+a whole merged mapping (merges are shallow) is refused.
 
 Every problem ends in one line ``error: ...``: argparse's usage errors (without the few-hundred-flag usage text,
 naming the config file when the value came from it) and upstream's ``assert`` checks included.
@@ -20,17 +22,23 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
     build_parser()
       exec upstream's statements before parse_args()   -> upstream's parser, every upstream flag and default
       add --config, --check and our groups             -> --classmate.* --engine.* --tinyv.* --darling.* --vrcli.*
+                                                          --logprobs.*
     --config FILE.yaml -> argv tokens, placed before the command line (explicit flags win)
     parser.parse_args(argv)                            -> flat namespace, keys "actor.adam.lr", ...
+      (every float: finite_float, NaN / inf refused)
     _resolve_upstream_defaults(flat, argv)             -> reward.remote_url := our reward function (no reward given),
                                                           algo.advantage.estimator := group_norm (classmate run
                                                           without one); each logged
     classmate run with --rollout.n_samples_per_prompt < 2 -> error (before upstream's bare assert on the same)
     exec upstream's statements after parse_args(),     -> hierarchize (nested args.actor.adam.lr) and upstream's
       except the final train(args)                        checks; an AssertionError becomes a ConfigError
+    check_flag_groups                                  -> every number of our groups inside its field's range
     resolve_classmate_args -> validate_classmate_args  -> our derived values (logged), then our checks
+    validate_model_options                             -> --ds.lora / ring_attn / tensor_parallel / liger: refused
+                                                          where they cannot work (integration/model_options.py)
     validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
                                                           engine reward for a pending one, logged)
+    validate_logprobs_args                             -> --logprobs.* checks (the model's config: preflight)
     check_sampling_args                                -> every sampling setting through vLLM's SamplingParams
 
 The launcher (``cli/train_ppo_ray.py``) then runs the preflight and starts Ray.
@@ -49,6 +57,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
+from openrlhf_classmate.config_fields import field_problem, refuse_non_finite
+from openrlhf_classmate.integration.chunked_actor import add_logprobs_arguments, validate_logprobs_args
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,
@@ -56,13 +66,44 @@ from openrlhf_classmate.integration.classmate_config import (
     resolve_classmate_args,
     validate_classmate_args,
 )
-from openrlhf_classmate.integration.reward_methods import add_reward_method_arguments, validate_reward_method_args
+from openrlhf_classmate.integration.model_options import validate_model_options
+from openrlhf_classmate.integration.reward_methods import (
+    add_reward_method_arguments,
+    validate_reward_method_args,
+    validate_vrcli_args,
+)
 from openrlhf_classmate.integration.sampling_checks import check_sampling_args
-from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments, validate_vrcli_args
+from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments
 
 
 class ConfigError(ValueError):
     """A bad ``--config`` file or an invalid combination of flags."""
+
+
+INFINITE_OK = ("ckpt.max_mem", "reward.clip_range")
+"""Upstream float flags where an infinite value means "no limit" (``--ckpt.max_mem``'s default is inf; a reward clip
+range of -inf inf clips nothing); NaN is refused there too."""
+
+
+def flag_groups() -> tuple[tuple[str, type], ...]:
+    """Our flag groups: (prefix, config dataclass)."""
+    from openrlhf_classmate.integration.chunked_actor import LogprobsConfig
+    from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
+    from openrlhf_classmate.rewards.darling import DarlingConfig
+    from openrlhf_classmate.rewards.vrcli import VrcliConfig
+    from openrlhf_classmate.scoring.tinyv import TinyVConfig
+
+    return (("classmate", ClassmateConfig), ("engine", EngineConfig), ("tinyv", TinyVConfig),
+            ("darling", DarlingConfig), ("vrcli", VrcliConfig), ("logprobs", LogprobsConfig))
+
+
+def check_flag_groups(args: SimpleNamespace) -> None:
+    """Every number of every group we add: finite and inside its field's ``range`` (config_fields), whether the
+    group is on or not; one ``error:`` line naming the flag."""
+    for prefix, cls in flag_groups():
+        problem = field_problem(prefix, cls, getattr(args, prefix))
+        if problem:
+            raise SystemExit(f"error: {problem}")
 
 
 def _upstream_main_block() -> tuple[list[ast.stmt], list[ast.stmt], str]:
@@ -132,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_classmate_arguments(parser)
     add_reward_method_arguments(parser)
     add_vrcli_arguments(parser)
+    add_logprobs_arguments(parser)
+    # upstream's float flags too: NaN / inf never; inf only where it means "no limit"
+    refuse_non_finite(parser, allow_inf=INFINITE_OK)
     parser.error = _one_line_error  # type: ignore[method-assign]
     return parser
 
@@ -146,20 +190,36 @@ def _one_line_error(message: str, config: str | None = None, config_flags: froze
     raise SystemExit(2)
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
+class YamlMapping(dict):
+    """A YAML mapping that remembers the line of each of its keys (``lines``), for messages."""
+
+    lines: dict[Any, int]
+
+
+def _flatten(tree: dict, path: str, prefix: str = "") -> dict[str, tuple[Any, int | None]]:
+    """``{"actor.adam.lr": (value, line)}``; ConfigError for a flag written twice (nested and dotted, e.g.
+    ``classmate: {temperature: 1}`` and ``classmate.temperature: 1``), naming both lines."""
+    flat: dict[str, tuple[Any, int | None]] = {}
+    lines = getattr(tree, "lines", {})
     for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
+        dotted, line = f"{prefix}{key}", lines.get(key)
+        items = _flatten(value, path, dotted + ".") if isinstance(value, dict) else {dotted: (value, line)}
+        for name, (v, at) in items.items():
+            if name in flat:
+                raise ConfigError(f"--config {path}: '{name}' is given twice, at {path}:{flat[name][1]} and "
+                                  f"{path}:{at} (nested and dotted keys name the same flag); keep one")
+            flat[name] = (v, at)
     return flat
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def load_yaml(path: str, what: str = "--config") -> Any:
-    """A YAML file's content; ConfigError naming the file and line for unreadable, non-UTF-8 or invalid YAML and
-    for a key given twice in one mapping (PyYAML would silently keep the last)."""
+    """A YAML file's content (mappings as :class:`YamlMapping`); ConfigError naming the file and line for unreadable,
+    non-UTF-8 or invalid YAML, for a key given twice in one mapping (PyYAML would silently keep the last) and for a
+    key that replaces a whole mapping brought in by a merge key (``<<: *anchor`` merges are shallow: the merged
+    mapping's other keys would be dropped silently). Merge keys work as YAML defines them otherwise."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
@@ -167,14 +227,30 @@ def load_yaml(path: str, what: str = "--config") -> Any:
 
     def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
+        explicit = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:
+                continue
+            explicit.add(id(key_node))
             key = loader.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise ConfigError(f"{what} {path}:{line}: duplicate key '{key}' (first at line {seen[key]}); "
                                   "keep one")
             seen[key] = line
-        return loader.construct_mapping(node, deep=deep)
+        loader.flatten_mapping(node)  # merged pairs first, then the explicit ones (which win)
+        merged = {k.value: v for k, v in node.value if id(k) not in explicit}
+        for key_node, value_node in node.value:
+            other = merged.get(key_node.value) if id(key_node) in explicit else None
+            if (isinstance(other, yaml.MappingNode) and isinstance(value_node, yaml.MappingNode)
+                    and not any(k.tag == MERGE_TAG for k, _ in value_node.value)):  # merging inside it is fine
+                raise ConfigError(f"{what} {path}:{key_node.start_mark.line + 1}: '{key_node.value}' replaces the whole "
+                                  f"'{key_node.value}' mapping of the merge key (YAML merges are shallow: its other "
+                                  f"keys would be dropped); merge inside it ({key_node.value}: {{<<: *anchor, ...}}) "
+                                  "or write every key")
+        out = YamlMapping(loader.construct_mapping(node, deep=deep))
+        out.lines = {loader.construct_object(k, deep=deep): k.start_mark.line + 1 for k, _ in node.value}
+        return out
 
     UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
@@ -207,7 +283,11 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
         raise ConfigError(f"--config {path}: the top level must be a mapping of flag groups, got {type(tree).__name__}")
     actions = {a.dest: a for a in parser._actions}
     argv: list[str] = []
-    for key, value in _flatten(tree).items():
+    for key, (value, line) in _flatten(tree, path).items():
+        where = f"{path}:{line}" if line else path
+        if value is None:
+            # an empty value (``model_name_or_path:``) would silently leave the flag at its default
+            raise ConfigError(f"--config {where}: '{key}' has no value; give one or delete the key")
         action = actions.get(key)
         if action is None or key in ("config", "check"):
             close = [d for d in actions if d.split(".")[-1] == key.split(".")[-1]][:3]
@@ -219,8 +299,6 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
                 raise ConfigError(f"--config {path}: '{key}' is a switch; use true or false, got {value!r}")
             if value:
                 argv.append(flag)
-            continue
-        if value is None:
             continue
         if isinstance(value, list):
             if action.nargs in (None, 0):
@@ -296,9 +374,12 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
     except AssertionError as e:
         raise ConfigError(upstream_check_message(str(e), flat)) from None
     args = namespace["args"]
+    check_flag_groups(args)
     resolve_classmate_args(args)
     validate_classmate_args(args)
+    validate_model_options(args)
     validate_reward_method_args(args)
     validate_vrcli_args(args)
+    validate_logprobs_args(args)
     check_sampling_args(args)
     return args

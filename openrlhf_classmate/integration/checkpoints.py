@@ -1,4 +1,5 @@
-"""Checkpoint folders on disk: which DeepSpeed tag a resume can use, and rotation of the ``*_hf`` folders.
+"""Checkpoint folders on disk: which DeepSpeed tag a resume can use (:func:`resume_choice`), and rotation of the tags
+(:func:`rotate_tags`, after a save is complete) and of the ``*_hf`` folders.
 
 DeepSpeed writes a tag's files (``*model_states.pt``, ``*optim_states.pt``) and only then the ``latest`` file, but
 a run killed mid-save, a full disk or a partial copy leaves a *torn* tag: a missing rank's file, or a ``.pt`` file cut
@@ -16,6 +17,7 @@ import os
 import re
 import shutil
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _TAG_RE = re.compile(r"^(?:best_)?global_step(\d+)$")
@@ -94,7 +96,7 @@ class ResumeChoice:
                 f"(the steps after it are trained again)" for tag, why in self.skipped]
 
 
-def _read_latest(load_dir: str) -> str | None:
+def read_latest(load_dir: str) -> str | None:
     try:
         with open(os.path.join(load_dir, "latest"), encoding="utf-8") as f:
             return f.read().strip() or None
@@ -114,7 +116,7 @@ def choose_resume_tag(load_dir: str, zero_stage: int | None = None) -> ResumeCho
         return None
     tags = sorted((d for d in os.listdir(load_dir) if tag_step(d) is not None and os.path.isdir(
         os.path.join(load_dir, d))), key=lambda d: (tag_step(d), not d.startswith("best_")), reverse=True)
-    latest = _read_latest(load_dir)
+    latest = read_latest(load_dir)
     skipped: list[tuple[str, str]] = []
     if latest is not None:
         problem = inspect_tag(os.path.join(load_dir, latest), zero_stage)
@@ -137,6 +139,84 @@ def choose_resume_tag(load_dir: str, zero_stage: int | None = None) -> ResumeCho
         f"no complete checkpoint to resume from in {load_dir}: {broken}. Restore the named file(s), or start "
         "without --ckpt.load_enable (or with another --ckpt.path)"
     )
+
+
+def resume_choice(ckpt_path: str, zero_stage: int | None = None) -> ResumeChoice | None:
+    """What ``--ckpt.load_enable`` with ``--ckpt.path ckpt_path`` loads: the tag of ``<ckpt_path>/_actor``
+    (:func:`choose_resume_tag`), or None for a fresh start because nothing was saved there yet.
+
+    Raises :class:`CheckpointError` when the folder holds something but nothing to resume from: an ``_actor``
+    folder without a complete tag (upstream would load nothing from it and then fail inside Ray on the missing
+    training state), DeepSpeed tags directly in ``ckpt_path`` (the ``_actor`` folder passed as ``--ckpt.path``), or
+    only Hugging Face ``*_hf`` saves."""
+    load_dir = os.path.join(ckpt_path, "_actor")
+    ways_out = "start without --ckpt.load_enable, or pass the --ckpt.path of the run to resume"
+    if os.path.lexists(load_dir) and not os.path.isdir(load_dir):
+        raise CheckpointError(f"{load_dir} is not a folder: {ways_out}")
+    choice = choose_resume_tag(load_dir, zero_stage)
+    if choice is not None:
+        return choice
+    if os.path.isdir(load_dir):
+        found = sorted(os.listdir(load_dir))
+        what = "is empty" if not found else "holds no 'latest' file and no global_stepN/ folder (only " + \
+            ", ".join(found[:3]) + (", ..." if len(found) > 3 else "") + ")"
+        raise CheckpointError(f"{load_dir} {what}, so there is no checkpoint to resume from: remove that folder "
+                              f"to start fresh there, or {ways_out}")
+    names = sorted(os.listdir(ckpt_path)) if os.path.isdir(ckpt_path) else []
+    if "latest" in names or any(tag_step(n) is not None for n in names):
+        raise CheckpointError(f"{ckpt_path} holds DeepSpeed tags itself ('latest', global_stepN/), but a resume "
+                              "reads them from <ckpt.path>/_actor: pass the folder above it as --ckpt.path")
+    hf = [n for n in names if _HF_RE.match(n)]
+    if hf:
+        raise CheckpointError(f"{ckpt_path} holds Hugging Face saves ({hf[0]}) but no DeepSpeed checkpoint "
+                              f"(_actor/), which a resume needs (was --ckpt.disable_ds set?): {ways_out}")
+    return None
+
+
+def _tree_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(path) for f in names)
+
+
+def rotate_tags(save_dir: str, new_tag: str, max_num: int, max_mem_gb: float,
+                read_metric: Callable[[str], float | None], zero_stage: int | None = None) -> list[tuple[str, str]]:
+    """Upstream's ``save_ckpt`` rotation of the DeepSpeed tags in ``save_dir``, run *after* ``new_tag`` is complete
+    (upstream runs it before writing the new tag, so a crash during the save at ``--ckpt.max_num 1`` left nothing).
+
+    Same policy as upstream, with the new tag never a candidate: saving a ``best*`` tag removes the other ``best*``
+    folders; otherwise folders are evicted while the others number ``max_num`` or more (best ones not counted) or
+    weigh more than ``max_mem_gb`` GiB (all counted), never a best one. Order: incomplete folders first (a torn save
+    is no checkpoint: ``max_num`` N keeps N complete tags), then those without a metric, the worst metric, the
+    oldest. ``read_metric(folder)`` is the strategy's metric reader. Returns (folder, why) of each folder removed."""
+    removed: list[tuple[str, str]] = []
+    is_best = new_tag.startswith("best")
+    others = [os.path.join(save_dir, d) for d in sorted(os.listdir(save_dir))
+              if d != new_tag and os.path.isdir(os.path.join(save_dir, d))]
+    if is_best:
+        for path in [p for p in others if os.path.basename(p).startswith("best")]:
+            shutil.rmtree(path)
+            others.remove(path)
+            removed.append((path, "older best checkpoint"))
+    regular = [p for p in others if not os.path.basename(p).startswith("best")]
+    total = sum(_tree_bytes(p) for p in others)
+
+    def key(path: str) -> tuple:
+        metric = read_metric(path)
+        return (inspect_tag(path, zero_stage) is None, metric is not None,
+                metric if metric is not None else float("-inf"), os.path.getmtime(path))
+
+    for path in sorted(regular, key=key):
+        over_num = not is_best and len(regular) >= max_num
+        if not over_num and total <= max_mem_gb * 1024**3:
+            break
+        problem = inspect_tag(path, zero_stage)
+        metric = read_metric(path)
+        why = f"incomplete: {problem}" if problem else f"metric={metric}" if metric is not None else "no metric (oldest)"
+        size = _tree_bytes(path)
+        shutil.rmtree(path)
+        regular.remove(path)
+        total -= size
+        removed.append((path, why))
+    return removed
 
 
 def rotate_hf_folders(ckpt_path: str, max_num: int) -> list[str]:

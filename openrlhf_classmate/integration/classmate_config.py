@@ -196,7 +196,8 @@ class ClassmateConfig:
     loss_agg_mode: str | None = field(
         default=None,
         metadata={"help": "Overrides --actor.loss_agg_mode, adding the reference's seq-mean-token-sum-norm (also "
-                          "without a classmate; not with --train.dynamic_batch_enable or policy_loss_type gspo)",
+                          "without a classmate; its T is --rollout.max_new_tokens, which it needs; not with "
+                          "--train.dynamic_batch_enable or policy_loss_type gspo)",
                   "default_help": "--actor.loss_agg_mode", "choices": LOSS_AGG_MODES},
     )
     eps_clip_low_high: list[float] = field(
@@ -226,7 +227,9 @@ class ClassmateConfig:
         default=3,
         metadata={"help": "A step whose main scores are all invalid (judge down, unparsable outputs) is skipped "
                           "with a warning; if the first N steps of a run are all skipped, the run stops with an "
-                          "error (0 = never stop). Applies with or without a classmate", "range": Bound(lo=0)},
+                          "error (0 = never stop). With --algo.dynamic_filtering_enable, every --rollout.batch_size "
+                          "prompt groups dropped for having no valid score count as one such step. Applies with or "
+                          "without a classmate", "range": Bound(lo=0)},
     )
     stop_after_nonfinite_skips: int = field(
         default=5,
@@ -278,6 +281,24 @@ class EngineConfig:
         default=64, metadata={"help": "hf backend: most requests batched in one generate call (memory vs speed)",
                               "range": POSITIVE_INT}
     )
+    no_mismatch_metrics: bool = field(
+        default=False,
+        metadata={"help": "turn off the per-step train-inference mismatch metrics (mismatch/logprob_abs_diff_mean, "
+                          "_max, mismatch/kl_k3: the policy engines' log-probs of the sampled tokens against the "
+                          "actor's). On, each rollout request asks the engine for the sampled token's log-prob only, "
+                          "with one final output per request and (without --train.agent_func_path) no detokenised "
+                          "text; off, upstream's request is sent unchanged. Cost: vLLM's per-token log-prob path in "
+                          "Python, a third to a half of what upstream's --algo.advantage.is_correction_level request "
+                          "adds (README, 'Train-inference mismatch')"},
+    )
+    mismatch_warn_threshold: float = field(
+        default=0.1,
+        metadata={"help": "one warning line naming the step when mismatch/logprob_abs_diff_mean (nats per response "
+                          "token) exceeds this. Engines in bf16 on the trained weights stay well below it (README: the "
+                          "levels measured); engines that missed weight syncs drift above it as the policy moves, and "
+                          "weights that never arrived, or arrived corrupted or in part, give values near 1",
+                  "range": Bound(lo=0, lo_open=True)},
+    )
 
 
 def add_classmate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -298,7 +319,7 @@ def uses_separated_loss(args: SimpleNamespace) -> bool:
     return classmate_enabled(args) and (cfg.loss == "vanilla_classmate" or cfg.estimator in SEPARATED_ESTIMATORS)
 
 
-def _real(package: str) -> bool:
+def real_package(package: str) -> bool:
     """True when ``package`` is really installed (not our CPU import shim)."""
     import importlib.util
 
@@ -317,6 +338,11 @@ def log_resolved(message: str) -> None:
     print(f"[openrlhf_classmate] {message}", file=sys.stderr, flush=True)
 
 
+def warn(message: str) -> None:
+    """One stderr line for a problem the run survives (Ray forwards an actor's stderr to the driver's)."""
+    print(f"[openrlhf_classmate] warning: {message}", file=sys.stderr, flush=True)
+
+
 def resolve_classmate_args(args: SimpleNamespace) -> None:
     """Fill in the derived values of the ``--classmate.*`` / ``--engine.*`` groups (and the upstream flags they
     decide), logging each value set that the user did not give. Runs after upstream's post-processing, before
@@ -329,10 +355,10 @@ def resolve_classmate_args(args: SimpleNamespace) -> None:
             if enabled:  # unused without a classmate: not worth a line
                 log_resolved(f"--classmate.classmate_{name} {getattr(cfg, name)} (from --classmate.{name})")
     if args.engine.backend == "auto":
-        args.engine.backend = "vllm" if _real("vllm") else "hf"
+        args.engine.backend = "vllm" if real_package("vllm") else "hf"
         log_resolved(f"--engine.backend {args.engine.backend} (auto: vLLM is "
                      f"{'installed' if args.engine.backend == 'vllm' else 'not installed'})")
-    if args.ds.packing_samples and args.ds.attn_implementation.startswith("flash_attention") and not _real("flash_attn"):
+    if args.ds.packing_samples and args.ds.attn_implementation.startswith("flash_attention") and not real_package("flash_attn"):
         # no flash-attn (CPU, or a GPU image without it): transformers' sdpa attends within each packed sequence,
         # like flash-attn's varlen kernel, when the model gets restarting position_ids (checked in tests/test_packing)
         log_resolved(f"--ds.packing_samples without flash-attn installed: --ds.attn_implementation "
@@ -359,6 +385,15 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
     if args.actor.policy_loss_type == "gspo" and cfg.loss_agg_mode == "seq-mean-token-sum-norm":
         _fail("--actor.policy_loss_type gspo is a sequence-level objective (upstream aggregates it per sequence): "
               "drop --classmate.loss_agg_mode seq-mean-token-sum-norm")
+    if cfg.loss_agg_mode == "seq-mean-token-sum-norm" and args.rollout.max_new_tokens is None:
+        # T must be one constant: the padded width of a micro-batch would score the same response by prompt length
+        _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm divides each sequence's token sum by a fixed T = "
+              "--rollout.max_new_tokens: set --rollout.max_new_tokens")
+    _check_think_tags(args)
+    engine = args.engine
+    if engine.no_mismatch_metrics and engine.mismatch_warn_threshold != EngineConfig.mismatch_warn_threshold:
+        _fail("--engine.mismatch_warn_threshold warns on the mismatch metrics, which --engine.no_mismatch_metrics "
+              "turns off: drop one of the two")
     if not classmate_enabled(args):
         for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):
             if getattr(cfg, name) != default:
@@ -421,6 +456,22 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _check_splice_vocab(args)
 
 
+def _check_think_tags(args: SimpleNamespace) -> None:
+    """The tag pairs that split responses (classmate stage, after_think reward) and frame the classmate's prompt."""
+    from openrlhf_classmate.algo.spans import think_tags_problem
+
+    cfg = args.classmate
+    pairs = []
+    if classmate_enabled(args) or (registry_reward_in_use(args) and cfg.final_answer == "after_think"):
+        pairs.append(("think", cfg.think_open, cfg.think_close))
+    if classmate_enabled(args):
+        pairs.append(("classmate_think", cfg.classmate_think_open, cfg.classmate_think_close))
+    for name, open_tag, close_tag in pairs:
+        problem = think_tags_problem(open_tag, close_tag)
+        if problem:
+            _fail(f"--classmate.{name}_open / --classmate.{name}_close: {problem}")
+
+
 def _check_placement_fits(args: SimpleNamespace) -> None:
     """A classmate group joining another placement group needs one bundle (GPU) per engine rank there."""
     cfg = args.classmate
@@ -460,6 +511,10 @@ def _check_upstream_advantage_options(args: SimpleNamespace) -> None:
     if estimator in _REFUSED_UPSTREAM_ESTIMATORS:
         _fail(f"--algo.advantage.estimator {estimator} {_REFUSED_UPSTREAM_ESTIMATORS[estimator]} "
               f"(with a classmate use one of {', '.join(CLASSMATE_UPSTREAM_ESTIMATORS)})")
+    if estimator == "reinforce_baseline" and args.classmate.estimator == "separated_non_neg":
+        _fail("--classmate.estimator separated_non_neg keeps the classmate advantage >= 0, which the batch whitening "
+              "of --algo.advantage.estimator reinforce_baseline (centring over the batch) breaks: use group_norm, "
+              "dr_grpo or rloo")
     if advantage.no_std_norm and estimator != "reinforce_baseline":
         _fail(f"--algo.advantage.no_std_norm has no effect with --algo.advantage.estimator {estimator} (upstream "
               "applies it to the batch whitening of reinforce_baseline only): use --algo.advantage.estimator "

@@ -18,8 +18,9 @@ import torch
 
 from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_classmate_inputs
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
-from openrlhf_classmate.algo.response_split import char_boundary, load_stop_token_ids
-from openrlhf_classmate.algo.spans import CotSpans, cot_mask, prompt_opens_think, think_token_ids, truncate_cot
+from openrlhf_classmate.algo.response_split import at_char_boundaries, load_stop_token_ids
+from openrlhf_classmate.algo.spans import cot_mask, prompt_opens_think, think_token_ids, truncate_cot
+from openrlhf_classmate.integration.classmate_config import warn
 from openrlhf_classmate.integration.classmate_scoring import ClassmateAnswer, Scorer, registry_scorer
 
 # Conditions that read the main score (classmate_reward.CONDITIONS).
@@ -119,8 +120,20 @@ class ClassmateStage:
         self.vanilla = self.cfg.loss == "vanilla_classmate"
         self.score = scorer if scorer is not None else registry_scorer()
         self._next_engine = [0] * len(engines)
+        self._said_context = False
         self.last_scores: tuple[list, list[bool]] = ([], [])
         """(score results of the classmate answers, per-sample validity) of the last ``gather``, for judge health"""
+
+    def _say_context_skips(self, skipped: int, total: int) -> None:
+        """Classmate calls skipped because the input does not fit ``--classmate.max_context``: said once, with the
+        step's counts (the metric classmate/skip_over_max_context counts them every step)."""
+        if skipped and not self._said_context:
+            self._said_context = True
+            warn(
+                f"classmate: {skipped} of {total} requests of this step were skipped: the classmate input (prompt + "
+                f"CoT) + --classmate.max_new_tokens {self.cfg.max_new_tokens} exceeds --classmate.max_context "
+                f"{self.cfg.max_context}; those responses get no classmate reward (masked); raise "
+                "--classmate.max_context (said once; classmate/skip_over_max_context counts them every step)")
 
     # ── spans ──
 
@@ -137,27 +150,16 @@ class ClassmateStage:
         full = cot_mask(ids, mask, **tags, stop_ids=self.stop_ids, starts_in_think=opened)
         kept, skip = truncate_cot(full, mode=self.cfg.truncation, keep_min=self.cfg.keep_min,
                                   keep_max=self.cfg.keep_max, generator=self.generator)
-        kept = self._at_char_boundaries(responses, full, kept)
+        # a truncated CoT ends on a character boundary: never between the byte tokens of one character
+        kept = at_char_boundaries(self.main_tokenizer, responses, full, kept)
         cot = [kept.mask[i, : len(r)] for i, r in enumerate(responses)]
         return Spans(responses, cot, full.length, full.has_answer, skip, opened)
-
-    def _at_char_boundaries(self, responses, full: CotSpans, kept: CotSpans) -> CotSpans:
-        """A truncated CoT ends on a character boundary: never between the byte tokens of one character."""
-        end = kept.end.clone()
-        for i, r in enumerate(responses):
-            start, cut, whole = int(kept.start[i]), int(kept.end[i]), int(full.end[i])
-            if cut < whole:
-                end[i] = start + char_boundary(self.main_tokenizer, r[start:whole].tolist(), cut - start)
-        if torch.equal(end, kept.end):
-            return kept
-        positions = torch.arange(kept.mask.shape[1]).unsqueeze(0)
-        mask = (positions >= kept.start.unsqueeze(1)) & (positions < end.unsqueeze(1))
-        return CotSpans(mask=mask, start=kept.start, end=end, has_answer=kept.has_answer)
 
     # ── dispatch / gather ──
 
     def _sampling_params(self, seed: int):
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
             temperature=self.cfg.temperature,
@@ -167,6 +169,11 @@ class ClassmateStage:
             seed=seed,
             prompt_logprobs=0 if self.vanilla else None,
             skip_special_tokens=True,
+            # the classmate executor reads the finished answer's token ids only (the stage decodes them itself):
+            # one output per request instead of a cumulative copy per generated token, and no incremental
+            # detokenisation in the engine's single Python thread, which otherwise sets the pace of a decode step
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,
         )
 
     def _engine(self, k: int):
@@ -248,6 +255,7 @@ class ClassmateStage:
             for request in per_model:
                 if not request.valid:
                     reasons[_reason_key(request.skip_reason)] += s_samples
+        self._say_context_skips(reasons["over_max_context"], n * k_models * s_samples)
         reward, sample_valid, raw_mean = combine_classmate_scores(
             scores, valid, main_rewards.double(),
             weights=self.cfg.weights, lam=self.cfg.reward_weight, condition=self.cfg.condition,

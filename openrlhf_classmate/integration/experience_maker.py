@@ -28,6 +28,7 @@ happened in the rollout actor (``integration.trainer``): the batch arrives with 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Protocol
 
@@ -36,12 +37,20 @@ import torch
 from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-from openrlhf_classmate.algo.advantages import BASELINES, SEPARATED, compute_advantages, group_std
-from openrlhf_classmate.integration.classmate_config import uses_separated_loss
+from openrlhf_classmate.algo.advantages import SEPARATED, compute_advantages, group_std, whiten_tokens
+from openrlhf_classmate.integration import mismatch
+from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
+from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
 
 
 class AllScoresInvalidError(RuntimeError):
-    """Every main score of the rollout batch is invalid: there is nothing to learn from this step."""
+    """Every main score of the rollout batch is invalid: there is nothing to learn from this step. ``reason``: why,
+    when a reward hook knows (e.g. every VR-CLI sequence over ``--vrcli.max_len``), else None (judge, verifier or
+    reward function: their log lines say)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message if reason is None else f"{message} ({reason})")
+        self.reason = reason
 
 
 class RewardHook(Protocol):
@@ -94,6 +103,15 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         self.colocated = colocated
         self.sleep = colocated or bool(getattr(self.args.classmate, "enable_sleep", False))
         self._kl: list[torch.Tensor | None] = []
+        # bench/step_time.py --interleave sets this: the classmate stage runs on odd rollout batches only and the
+        # even ones train as plain GRPO on the main reward, so that both kinds of step are timed in one process with
+        # the same engines, weights and machine drift (a benchmark control, never set in a training run)
+        self.bench_alternate = os.environ.get("OPENRLHF_CLASSMATE_BENCH_ALTERNATE") == "1"
+        if self.bench_alternate and self.stage is not None and uses_separated_loss(self.args):
+            raise ValueError("OPENRLHF_CLASSMATE_BENCH_ALTERNATE needs a single-advantage estimator (gdpo, grpo, ...): "
+                             "the separated losses cannot train a step without classmate advantages")
+        self._batches_made = 0
+        self.last_mismatch = None  # the last batch's train-inference mismatch (integration.mismatch), read once
 
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
@@ -113,22 +131,60 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             get_scorer(label["data_source"] if override == "auto" else override).check_label(label)
 
     @torch.no_grad()
+    def make_experience(self, samples_list):
+        # upstream's forward passes give the actor's old log-probs; the engines' log-probs of the same tokens came
+        # with the rollout: their difference is the step's train-inference mismatch
+        experiences = super().make_experience(samples_list)
+        self.last_mismatch = mismatch.measure(experiences) if mismatch.enabled(self.args) else None
+        return experiences
+
+    @torch.no_grad()
     def compute_advantages_and_returns(self, experiences):
         # Upstream folds the per-token KL into the reward and then sets ``experience.kl = None``; the classmate
         # estimators add the same KL return to the main stream, so keep it.
         self._kl = [exp.kl for exp in experiences]
         return super().compute_advantages_and_returns(experiences)
 
+    def truncated_prompts(self, rollout_samples) -> dict[str, float]:
+        """Upstream cuts a prompt longer than ``--data.max_len`` minus the generation budget from the front, with a
+        log line per prompt in the engine process only; the run says it once, with the step's counts, and logs the
+        fraction (``prompt_truncated``) every step. A prompt is cut when its ids fill the whole room and the prompt
+        text (as the dataset gave it) tokenises to more."""
+        args = self.args
+        room = args.data.max_len - (getattr(args.rollout, "max_new_tokens", None) or 1)
+        cut = 0
+        for sample in rollout_samples:
+            kept = len(prompt_ids_of(sample))
+            text = sample.prompts[0] if sample.prompts else None
+            if kept >= room and isinstance(text, str) and len(
+                    self.tokenizer(text, add_special_tokens=False)["input_ids"]) > kept:
+                cut += 1
+        if cut and not getattr(self, "_said_truncation", False):
+            self._said_truncation = True
+            classmate = " (the classmate reads the full prompt from the label)" if self.stage is not None else ""
+            warn(
+                f"{cut} of {len(rollout_samples)} rollout samples of this step had their prompt cut from the front to "
+                f"{room} tokens (--data.max_len {args.data.max_len} - --rollout.max_new_tokens): the policy never saw "
+                f"the beginning of those prompts{classmate}; raise --data.max_len or drop the long rows (said once; "
+                "the metric prompt_truncated counts them every step)")
+        return {"prompt_truncated": cut / max(len(rollout_samples), 1)}
+
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
         self.check_labels(rollout_samples)
-        hook_metrics: dict[str, float] = {}
+        hook_metrics: dict[str, float] = self.truncated_prompts(rollout_samples)
         for hook in self.reward_hooks:
             hook_metrics.update(hook(self, rollout_samples))
         main_valid = main_validity(rollout_samples)
         if not main_valid.any():
-            raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid")
-        if self.stage is None:
+            reasons = [r for r in (getattr(hook, "invalid_reason", None) for hook in self.reward_hooks) if r]
+            raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid",
+                                        "; ".join(reasons) or None)
+        self._batches_made += 1
+        classmate_step = self.stage is not None and not (self.bench_alternate and self._batches_made % 2 == 0)
+        if self.bench_alternate:
+            hook_metrics["bench/classmate_step"] = float(classmate_step)
+        if not classmate_step:
             experiences = super().make_experience_batch(rollout_samples)
             if not main_valid.all():
                 self._mask_invalid_main(rollout_samples, experiences, main_valid)
@@ -227,17 +283,34 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         return advantages, cot_masks, shaping
 
     def _mask_invalid_main(self, samples, experiences, main_valid) -> None:
-        """Plain runs: invalid main scores leave the group statistics and get zero advantage."""
-        estimator = self.args.algo.advantage.estimator
-        if estimator not in BASELINES:
-            # gae / reinforce / flash_reinforce have no group statistics to leave out: just train nothing on them
-            for exp in experiences:
-                ok = main_valid[torch.tensor(exp.index)].unsqueeze(1)
-                exp.advantages = torch.where(ok, exp.advantages, torch.zeros_like(exp.advantages))
+        """Plain runs: invalid main scores leave every statistic of upstream's estimator (the group baselines, the
+        batch mean of ``flash_reinforce``, the whitening of ``reinforce`` / ``reinforce_baseline``) and get exactly
+        zero advantage (a placeholder 0 entered them upstream)."""
+        args = self.args
+        estimator = args.algo.advantage.estimator
+        if estimator == "gae":  # refused at launch with the scorer-registry reward; another reward marked one invalid
+            from openrlhf_classmate.errors import TrainingStopped
+
+            raise TrainingStopped("error: a main score marked invalid (extra_logs main_valid = 0) reached "
+                                  "--algo.advantage.estimator gae, whose critic would learn its placeholder as a real "
+                                  "reward: use group_norm, dr_grpo, rloo, reinforce_baseline, reinforce or "
+                                  "flash_reinforce")
+        if estimator == "reinforce":
+            # no baseline: upstream's (discounted) returns are the advantages before its whitening
+            whitened = whiten_tokens(
+                torch.cat([exp.returns.flatten() for exp in experiences]),
+                torch.cat([(exp.action_mask.bool() & main_valid[torch.tensor(exp.index)].unsqueeze(1)).flatten()
+                           for exp in experiences]),
+                mode="mean" if args.algo.advantage.no_std_norm else "mean_std",
+            )
+            for exp, rows in zip(experiences, whitened.split([exp.returns.numel() for exp in experiences])):
+                exp.advantages = rows.view_as(exp.returns).to(exp.advantages.dtype)
             return
         action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
-        group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
+        group = torch.arange(len(samples)) // args.rollout.n_samples_per_prompt
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
+        if estimator == "flash_reinforce":  # one batch-wide group, mean baseline, no whitening
+            group, upstream["baseline"] = torch.zeros_like(group), "dr_grpo"
         masked = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, response_mask=action_masks,
                                     cot_mask=torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
         for exp in experiences:

@@ -7,12 +7,23 @@ as upstream, so custom reward functions run unchanged), ``get_num_unfinished_req
 update from the policy actor through the Ray object store (``load_weights``), which makes CPU runs on-policy.
 
 Concurrent requests are collected and generated in batches (left padding) to keep CPU runs fast.
+
+Log-probs (``SamplingParams.logprobs``): those of the distribution the token was sampled from, after temperature and
+the other logits processors, as vLLM's ``logprobs_mode="processed_logprobs"`` (what the launcher asks vLLM for:
+``integration/mismatch.py``) and as the actor computes them (``log_softmax(logits / temperature)``; the two agree
+while top-k / top-p / min-p / min_tokens leave the distribution whole). Only that mode exists here.
+
+Fault injection (tests): ``OPENRLHF_CLASSMATE_FAULT_DROP_WEIGHT_SYNCS`` = comma-separated 1-based numbers of the
+``load_weights`` calls this engine receives and drops (the weights are not loaded and not counted), as a weight sync
+that silently fails would; the mismatch metrics must then show it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +83,7 @@ def _sampling_key(params) -> tuple:
 
 # vLLM sampling options the HF engine cannot honour: refused rather than silently ignored (value = vLLM's default)
 _UNSUPPORTED = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": [], "bad_words": [],
-                "logit_bias": None, "allowed_token_ids": None, "ignore_eos": False}
+                "logit_bias": None, "allowed_token_ids": None, "ignore_eos": False, "flat_logprobs": False}
 
 
 def check_supported(params) -> None:
@@ -120,6 +131,9 @@ class HFEngine:
         self._drain_task: asyncio.Task | None = None
         self._in_flight = 0
         self.num_weight_updates = 0
+        self._weight_syncs_received = 0
+        drops = os.environ.get("OPENRLHF_CLASSMATE_FAULT_DROP_WEIGHT_SYNCS", "")
+        self._drop_weight_syncs = {int(n) for n in drops.split(",") if n.strip()}
         self.asleep = False
         if agent_func_path:
             from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
@@ -293,6 +307,11 @@ class HFEngine:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> int:
         """Load the policy's weights (sent through the Ray object store by the controller)."""
+        self._weight_syncs_received += 1
+        if self._weight_syncs_received in self._drop_weight_syncs:
+            print(f"[openrlhf_classmate.hf_engine] fault injection: weight sync {self._weight_syncs_received} dropped "
+                  "(OPENRLHF_CLASSMATE_FAULT_DROP_WEIGHT_SYNCS)", file=sys.stderr, flush=True)
+            return self.num_weight_updates
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
         if real_missing or unexpected:
@@ -338,6 +357,9 @@ def create_hf_engines(
 
     if max_images_per_prompt:
         raise NotImplementedError("the HF engine does not support multi-modal prompts")
+    if logprobs_mode not in (None, "processed_logprobs"):
+        raise ValueError(f"the HF engine reports processed log-probs (after temperature) only, not logprobs_mode="
+                         f"{logprobs_mode!r}; use the vLLM engine (--engine.backend vllm)")
     actor_cls = ray.remote(HFEngine)
     return [
         actor_cls.options(num_cpus=0, num_gpus=0, max_concurrency=1000).remote(

@@ -8,19 +8,23 @@ upstream name                                    rebound to / why
 ===============================================  ==========================================================
 ``Experience`` in the five batching modules      :class:`ClassmateExperience` (else new fields are dropped)
 ``ppo_actor.ActorPPOTrainer`` (actor workers)    ``ClassmateActorPPOTrainer`` (classmate losses)
+``ppo_actor.Actor``, ``launcher.Actor``          ``LoadCheckedActor`` (loaded weights compared with the checkpoint),
+(actor and reference workers)                    with ``--logprobs.chunked`` also ``ChunkedLogprobActor``
 ``cli.train_ppo_ray.create_vllm_engines``        dispatch to the HF engine when the backend is ``hf``
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
-``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (checks its loaded weights)
-``ppo_actor.Actor``, ``launcher.Actor``          ``VerifiedActor`` (in the policy / reference workers: the loaded
-                                                 weights are compared with the checkpoint)
+``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (installs our ``Actor``)
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
 ``vllm_engine.RolloutRayActor``                  ``CountingRolloutActor`` (counts weight updates per engine)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
 ``ppo_trainer_async.PPOTrainerAsync``            the same factory (``--train.async_enable``): ``ClassmatePPOTrainerAsync``
 ``ppo_trainer_async.GenerateSamplesActor`` and   inside ``ClassmatePPOTrainerAsync``'s process only: our rollout actor
 ``ppo_trainer_async.TrainingActor``              (dispatches the classmate requests) and training actor (our maker)
+``SamplesGenerator`` in ``ppo_trainer`` and      ``ClassmateSamplesGenerator`` (dynamic filtering leaves invalid
+``ppo_trainer_async``                            scores out), in the controller / rollout actor's process
 ``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
                                                  ``*_hf`` folders rotate with ``--ckpt.max_num``)
+``samples_generator.SamplingParams`` (the        rollout requests with the sampled token's log-prob (the
+process that generates rollouts)                 ``mismatch/*`` metrics, ``integration/mismatch.py``)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
 ===============================================  ==========================================================
 
@@ -51,6 +55,9 @@ UPSTREAM_SHA256 = {
     "trainer/ray/vllm_engine.py": "8795d66373861f914a457e2b8e4f4739bd4c3e9c1a9aa34301440d495a5d9939",
     "trainer/ray/launcher.py": "67c202f4ed826332348392bdf96acb5dfccdfda857556e80ba7118078a7b5ec3",
     "models/loss.py": "a6dd82c27e8b1711c6a33b6acd0319be25df9f9d54e2326b950d8f2131060860",
+    "models/actor.py": "4c9522114e57caf424a607235e17d8c7357e64e3fcb1cef5d083d3c880d8f975",
+    "models/utils.py": "bb0c73194c8a14173ebe15dff103f5a9440eb766f373444101a03ee9fca4af87",
+    "models/ring_attn_utils.py": "f0ec7490fd7b7ce5f07e34a8bf96d68630e9274498356da927c551a29d26d8cc",
     "utils/agent.py": "bfe2cfefc53c664c1e66e3a60ab7683be8c4fc87064b1169275c339bf9d47331",
     "utils/deepspeed/deepspeed.py": "d43196e47227157d584e34a84a0471f9620b418add0365e8efb2ef24a6467f53",
     "utils/utils.py": "5a5e651101f207b66f9e42a4982d1d492a555ec8aa49db98f6fe12d901a690d2",
@@ -107,20 +114,6 @@ def install_experience() -> None:
         module.Experience = ClassmateExperience
 
 
-def install_verified_actor() -> None:
-    """Make the policy and reference actors build :class:`~openrlhf_classmate.integration.weight_check.
-    VerifiedActor` (call in the actor worker, before ``init_model_from_pretrained``)."""
-    import openrlhf.trainer.ray.launcher as launcher
-    import openrlhf.trainer.ray.ppo_actor as ppo_actor
-
-    from openrlhf_classmate.integration.weight_check import VerifiedActor
-
-    for module in (ppo_actor, launcher):
-        if not hasattr(module, "Actor"):
-            raise UpstreamChangedError(f"{module.__name__}.Actor is gone")
-        module.Actor = VerifiedActor
-
-
 def install_actor_trainer(trainer_cls: type) -> None:
     """Make ``PolicyModelActor.init_model_from_pretrained`` build ``trainer_cls`` (call in the actor worker)."""
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
@@ -128,6 +121,18 @@ def install_actor_trainer(trainer_cls: type) -> None:
     if not hasattr(ppo_actor, "ActorPPOTrainer"):
         raise UpstreamChangedError("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer is gone")
     ppo_actor.ActorPPOTrainer = trainer_cls
+
+
+def install_actor_model(actor_cls: type) -> None:
+    """Make ``PolicyModelActor`` / ``ReferenceModelActor.init_model_from_pretrained`` build ``actor_cls`` where
+    they build upstream's ``Actor`` (call in the worker, before them)."""
+    import openrlhf.trainer.ray.launcher as launcher
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+
+    for module in (ppo_actor, launcher):
+        if not hasattr(module, "Actor"):
+            raise UpstreamChangedError(f"{module.__name__} no longer has a module-global `Actor` to rebind")
+        module.Actor = actor_cls
 
 
 # ── CPU runtime (no CUDA): the four runtime patches of the extension doc §4.2 ──
@@ -215,7 +220,7 @@ def install_vllm_engine_counter() -> None:
         vllm_engine.RolloutRayActor = ray.remote(CountingRolloutActor)
 
 
-def install_launcher(create_engines, policy_actor_cls, reference_actor_cls, trainer_factory) -> None:
+def install_launcher(create_engines, policy_actor_cls, trainer_factory, reference_actor_cls=None) -> None:
     """Rebind the names upstream ``train()`` looks up at call time (see the table in the module docstring)."""
     import openrlhf.cli.train_ppo_ray as cli
     import openrlhf.trainer.ppo_trainer as ppo_trainer
@@ -238,12 +243,37 @@ def install_launcher(create_engines, policy_actor_cls, reference_actor_cls, trai
     install_vllm_engine_counter()
     cli.create_vllm_engines = create_engines
     cli.PolicyModelActor = policy_actor_cls
-    cli.ReferenceModelActor = reference_actor_cls
+    if reference_actor_cls is not None:
+        cli.ReferenceModelActor = reference_actor_cls
     if not hasattr(ppo_trainer_async, "PPOTrainerAsync"):
         raise UpstreamChangedError("openrlhf.trainer.ppo_trainer_async.PPOTrainerAsync is gone")
     cli.get_strategy = get_strategy
     ppo_trainer.PPOTrainer = trainer_factory
     ppo_trainer_async.PPOTrainerAsync = trainer_factory  # train() imports it at call time under async_enable
+
+
+def install_samples_generator() -> None:
+    """Make the controllers build :class:`~openrlhf_classmate.integration.samples_generator.ClassmateSamplesGenerator`
+    (call in the controller's or the async rollout actor's process, before upstream's ``__init__``)."""
+    import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+
+    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+
+    for module in (ppo_trainer, ppo_trainer_async):
+        if not hasattr(module, "SamplesGenerator"):
+            raise UpstreamChangedError(f"{module.__name__}.SamplesGenerator is gone")
+        module.SamplesGenerator = ClassmateSamplesGenerator
+
+
+def install_rollout_sampling_params(factory) -> None:
+    """Make upstream's ``SamplesGenerator._dispatch_prompts_to_vllm`` build its requests with ``factory`` (its
+    keyword arguments are ``vllm.SamplingParams``'s); call in the process that generates rollouts."""
+    import openrlhf.trainer.ppo_utils.samples_generator as samples_generator
+
+    if not hasattr(samples_generator, "SamplingParams"):
+        raise UpstreamChangedError("openrlhf.trainer.ppo_utils.samples_generator.SamplingParams is gone")
+    samples_generator.SamplingParams = factory
 
 
 def install_async_actors(generator, trainer) -> None:

@@ -1,11 +1,14 @@
-"""Launcher glue of the sibling reward methods TinyV (``--tinyv.*``) and DARLING (``--darling.*``).
+"""Launcher glue of the sibling reward methods TinyV (``--tinyv.*``), DARLING (``--darling.*``) and VR-CLI
+(``--vrcli.*``).
 
 * TinyV is a scorer of the registry (``scoring/tinyv.py``): its settings travel to the rollout engines and the
   controller as an environment variable, and the run declares TinyV's per-sample metrics (``scoring/metrics.py``).
   Validation uses weight 1: the evaluation reads each sample's ``validation_reward`` (:func:`use_validation_rewards`).
-* DARLING is a reward hook of the experience maker (``rewards/darling.py``), built by :func:`build_reward_hooks`.
+* DARLING and VR-CLI are reward hooks of the experience maker (``rewards/darling.py``, ``rewards/vrcli.py``), built
+  by :func:`build_reward_hooks`.
 
-Both groups are checked up front (:func:`validate_reward_method_args`), with one ``error:`` line per problem.
+The groups are checked up front (:func:`validate_reward_method_args`, :func:`validate_vrcli_args`), with one
+``error:`` line per problem.
 """
 
 from __future__ import annotations
@@ -13,11 +16,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from types import SimpleNamespace
 
+from openrlhf_classmate.algo.vrcli_reward import check_ladder
 from openrlhf_classmate.config_fields import add_dataclass_group
-from openrlhf_classmate.integration.classmate_config import registry_reward_in_use
+from openrlhf_classmate.integration.classmate_config import (
+    REWARD_FUNC_PATH,
+    classmate_enabled,
+    log_resolved,
+    registry_reward_in_use,
+)
 from openrlhf_classmate.rewards.darling import PARTITION_KINDS, DarlingConfig, DarlingRewardHook, classifier_urls
+from openrlhf_classmate.rewards.likelihood import model_checksum
+from openrlhf_classmate.rewards.vrcli import PENDING_REWARD_FUNC_PATH, VrcliConfig, check_dataset_baselines
 from openrlhf_classmate.scoring.metrics import METRICS_ENV, VALIDATION_REWARD
 from openrlhf_classmate.scoring.tinyv import GRADE_METRICS, TINYV_METRICS, TinyVConfig, tinyv_env
 
@@ -141,6 +153,68 @@ def _validate_darling(args: SimpleNamespace) -> None:
                   "--darling.diversity ngram does not use it")
         if ns.ngram_n < 1:
             _fail(f"--darling.ngram_n must be >= 1, got {ns.ngram_n}")
+
+
+def validate_vrcli_args(args: SimpleNamespace) -> None:
+    """Refuse what cannot work with the VR-CLI reward, before Ray starts; with ``--vrcli.baseline dataset`` also
+    check the baselines of local jsonl datasets against the reference model."""
+    v = args.vrcli
+    if not v.enable:
+        changed = _changed(v, VrcliConfig)
+        if changed:
+            _fail(f"--vrcli.{changed[0]} has no effect without --vrcli.enable")
+        return
+    if not args.algo.kl.init_coef > 0:
+        _fail("--vrcli.enable scores plans with the reference model, which upstream creates only when "
+              "--algo.kl.init_coef > 0: set it (the released runs used --algo.kl.init_coef 1e-6 with "
+              "--algo.kl.use_loss --algo.kl.estimator k3)")
+    if args.rollout.temperature != 1.0:
+        _fail(f"--vrcli.enable with --rollout.temperature {args.rollout.temperature}: upstream's reference actor "
+              "divides its logits by the rollout temperature, so the perplexities would be those of a tempered "
+              "model; use --rollout.temperature 1.0 (the released runs did)")
+    if args.train.agent_func_path or args.reward.model_name_or_path or (args.reward.remote_url or []) != [
+            REWARD_FUNC_PATH]:
+        _fail("--vrcli.enable computes the main reward itself: drop --reward.remote_url / "
+              "--reward.model_name_or_path / --train.agent_func_path")
+    if not args.data.label_key:
+        _fail("--vrcli.enable reads the gold chapter and the datapoint from each row's label: set "
+              "--data.label_key (label, for rows written by setup_data/vrcli_story.py)")
+    if classmate_enabled(args):
+        _fail("--vrcli.enable with a classmate is not supported: drop --classmate.model_name_or_path")
+    if args.train.async_enable:
+        _fail("--vrcli.enable needs the synchronous trainer (its experience maker runs the reward): drop "
+              "--train.async_enable")
+    if args.algo.dynamic_filtering_enable:
+        _fail("--algo.dynamic_filtering_enable filters prompt groups on the rollout-time scores, before the VR-CLI "
+              "reward exists: drop it")
+    try:
+        check_ladder(v.thresholds, v.ladder_rewards)
+    except ValueError as e:
+        _fail(f"--vrcli.thresholds / --vrcli.ladder_rewards: {e}")
+    if v.micro_batch_size < 1:
+        _fail("--vrcli.micro_batch_size must be >= 1")
+    if v.max_tokens_per_forward < 0 or v.max_len < 0:
+        _fail("--vrcli.max_tokens_per_forward and --vrcli.max_len must be >= 0 (0 = no limit)")
+    args.reward.remote_url = [PENDING_REWARD_FUNC_PATH]
+    log_resolved(f"--reward.remote_url {PENDING_REWARD_FUNC_PATH} (--vrcli.enable: the experience maker computes "
+                 "the reward; the engines only mark it pending)")
+    v.reference_checksum = None
+    if v.baseline == "dataset":
+        print(f"vrcli: checksum of the reference model {args.actor.model_name_or_path} (to check the datasets' "
+              "precomputed baselines)", flush=True)
+        try:
+            v.reference_checksum = model_checksum(args.actor.model_name_or_path)
+        except (OSError, ValueError) as e:
+            _fail(f"--vrcli.baseline dataset: cannot checksum the reference model {args.actor.model_name_or_path} "
+                  f"({e}); use --vrcli.baseline online")
+        for flag, value in (("--data.prompt_dataset", args.data.prompt_dataset),
+                            ("--eval.dataset", getattr(args.eval, "dataset", None))):
+            for path in (value or "").split(","):
+                if os.path.isfile(path) and path.endswith((".jsonl", ".json")):
+                    problem = check_dataset_baselines(path, args.data.label_key, args.actor.model_name_or_path,
+                                                      v.reference_checksum, args.ds.param_dtype)
+                    if problem:
+                        _fail(f"{flag} {problem}")
 
 
 def reward_method_env(args: SimpleNamespace) -> dict[str, str]:

@@ -3,6 +3,10 @@
 * ``load_ckpt`` without an explicit tag resumes from :func:`checkpoints.choose_resume_tag`'s choice: ``latest`` when
   it is complete, else the newest complete older tag, with one line naming the broken file (a torn checkpoint used
   to end in a ``torch.load`` traceback). Every rank makes the same choice from the same files.
+* ``save_ckpt`` rotates the DeepSpeed tags (``--ckpt.max_num`` / ``--ckpt.max_mem``, upstream's policy) only once the
+  new tag is complete: every rank's files written and ``latest`` naming it. Upstream deletes the old tags *before*
+  writing the new one, so a crash during a save at ``--ckpt.max_num 1`` left no checkpoint to resume from. During a
+  save N+1 tags may exist for a moment; a torn tag is the first to go.
 * ``save_model`` into ``<ckpt.path>/<tag>_hf`` (``--ckpt.save_hf``) rotates those folders with ``--ckpt.max_num``,
   as upstream rotates the DeepSpeed tags (the ``_hf`` folders used to pile up forever).
 * ``backward`` / ``optimizer_step`` of a model carrying a ``nonfinite_guard`` (the policy:
@@ -18,11 +22,18 @@ is what every actor uses.
 
 from __future__ import annotations
 
+import gc
 import os
 
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
-from openrlhf_classmate.integration.checkpoints import choose_resume_tag, rotate_hf_folders
+from openrlhf_classmate.integration.checkpoints import (
+    choose_resume_tag,
+    inspect_tag,
+    read_latest,
+    rotate_hf_folders,
+    rotate_tags,
+)
 
 
 def safe_gathers(ds_config: dict) -> dict:
@@ -78,6 +89,36 @@ class ResilientDeepspeedStrategy(DeepspeedStrategy):
                     self.print(f"[openrlhf_classmate] warning: {note}")
                 tag = choice.tag
         return super().load_ckpt(model, load_dir, tag, *args, **kwargs)
+
+    def save_ckpt(self, model, save_dir, tag=None, max_num=3, max_mem=1000, client_state=None, save_latest=True,
+                  metric_value=None, metric_key=None):
+        """Upstream's ``save_ckpt`` (same signature and steps: save, then the metric file) with its rotation moved
+        after the save (see the module docstring). The signature is pinned by ``tests/test_checkpoints.py``."""
+        import deepspeed
+        from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
+
+        assert isinstance(model, deepspeed.DeepSpeedEngine)
+        if self.is_rank_0():
+            os.makedirs(save_dir, exist_ok=True)
+        torch_dist_barrier_and_cuda_sync()
+        model.save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
+        if self.is_rank_0() and tag is not None:  # after the save, as upstream: no metric file without a checkpoint
+            self._write_ckpt_metric(os.path.join(save_dir, tag), metric_value, metric_key=metric_key)
+        torch_dist_barrier_and_cuda_sync()  # every rank's files are on disk before rank 0 removes anything
+        if self.is_rank_0():
+            self._rotate_complete(save_dir, tag or f"global_step{model.global_steps}", max_num, max_mem, save_latest)
+        gc.collect()
+
+    def _rotate_complete(self, save_dir: str, tag: str, max_num: int, max_mem: float, save_latest: bool) -> None:
+        problem = inspect_tag(os.path.join(save_dir, tag), self.stage)
+        if problem is None and save_latest and read_latest(save_dir) != tag:
+            problem = f"{os.path.join(save_dir, 'latest')} does not name {tag}"
+        if problem:  # e.g. a decoupled checkpoint engine still writing: keep every older tag until the next save
+            self.print(f"[openrlhf_classmate] warning: checkpoint {tag} is not complete yet ({problem}); older "
+                       "checkpoints are kept")
+            return
+        for path, why in rotate_tags(save_dir, tag, max_num, max_mem, self._read_ckpt_metric, self.stage):
+            self.print(f"Deleted checkpoint {path} ({why})")
 
     def save_model(self, model, tokenizer, output_dir, **kwargs) -> None:
         super().save_model(model, tokenizer, output_dir, **kwargs)

@@ -24,13 +24,11 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
 from openrlhf.utils.logging_utils import init_logger
 
+from openrlhf_classmate.errors import TrainingStopped  # raised here, caught by the launcher
+from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
 
 logger = init_logger(__name__)
-
-
-class TrainingStopped(RuntimeError):
-    """The run cannot go on; the launcher prints the message as its one ``error:`` line."""
 
 
 def judge_config_from_args(args):
@@ -80,6 +78,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, classmate_tokenizers(args),
                                    scorer=scorer)
         self.classmate_stage = stage
+        mismatch.install_rollout_request(args)  # the sync controller generates the rollouts
         from openrlhf_classmate.integration.reward_methods import build_reward_hooks, evaluate_with_validation_rewards
 
         if hasattr(self, "samples_generator"):  # sync; in async runs the rollout actor evaluates
@@ -103,7 +102,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
         judge request or a score failed). A batch with no valid main score is skipped (one warning line), and a run
         whose every step so far had none stops after ``--classmate.stop_after_invalid_steps`` of them."""
         from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
-        from openrlhf_classmate.integration.step_health import main_tally, require_judge
+        from openrlhf_classmate.integration.step_health import main_tally, no_valid_score_yet, require_judge
 
         require_judge(rollout_samples, self.args, judge_config_from_args(self.args))
         main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
@@ -114,16 +113,15 @@ class ClassmateControllerMixin(BasePPOTrainer):
             self.invalid_steps = getattr(self, "invalid_steps", 0) + 1
             limit = self.args.classmate.stop_after_invalid_steps
             if not getattr(self, "valid_steps", 0) and limit and self.invalid_steps >= limit:
-                raise TrainingStopped(
-                    f"error: {e} in each of the first {self.invalid_steps} steps: no score has been valid yet "
-                    "(judge or verifier down or misconfigured? see the reward function's log lines); "
-                    "stopping (--classmate.stop_after_invalid_steps)") from None
+                raise TrainingStopped(no_valid_score_yet(f"{e} in each of the first {self.invalid_steps} steps",
+                                                         reason_known=bool(e.reason))) from None
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
             return {**health, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
         self._stop_on_nonfinite_skips(status)
         status["skipped_invalid_step"] = 0.0
         status.update(self._judge_health(main, next_step))
+        status.update(self._mismatch(next_step))
         return status, next_step
 
     def _stop_on_nonfinite_skips(self, status: dict) -> None:
@@ -136,6 +134,21 @@ class ClassmateControllerMixin(BasePPOTrainer):
                 f"error: the last {consecutive} policy updates were all skipped for non-finite rewards, advantages, "
                 "loss or gradient norm (see the actors' warning lines); stopping "
                 "(--classmate.stop_after_nonfinite_skips)")
+
+    def _mismatch(self, step: int) -> dict[str, float]:
+        """The step's ``mismatch/*`` metrics; one warning line when they cross ``--engine.mismatch_warn_threshold``."""
+        maker = getattr(self, "experience_maker", None)
+        if maker is None:
+            return {}
+        measured, maker.last_mismatch = maker.last_mismatch, None
+        if measured is None and mismatch.enabled(self.args) and not getattr(self, "_reported_no_mismatch", False):
+            self._reported_no_mismatch = True
+            logger.warning(f"step {step}: no mismatch/* metrics: the rollouts came without the engines' log-probs "
+                           "(a --train.agent_func_path agent that returns no rollout_log_probs?)")
+        metrics, warning = mismatch.step_report(measured, step, self.args.engine.mismatch_warn_threshold)
+        if warning:
+            logger.warning(warning)
+        return metrics
 
     def _judge_health(self, main, step: int) -> dict[str, float]:
         """The step's judge metrics; one warning line when a judge request or a score failed (trained or skipped)."""
@@ -176,6 +189,9 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
                  **generate_kwargs):
+        from openrlhf_classmate.integration import patches
+
+        patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
         self._setup_classmate(classmate_engines, classmate_colocated)
@@ -228,8 +244,13 @@ class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
     """Upstream's rollout actor; each rollout batch leaves with its classmate requests already dispatched."""
 
     def __init__(self, pretrain, strategy, vllm_engines, *, classmate_engines=None, **kwargs):
+        from openrlhf_classmate.integration import patches
+
+        patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
         from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
+
+        mismatch.install_rollout_request(strategy.args)  # async: this actor generates the rollouts
 
         evaluate_with_validation_rewards(self.samples_generator)  # async evaluation runs here (TinyV: weight 1)
         self.classmate_stage = None

@@ -15,8 +15,8 @@ right after ``from_pretrained``, before DeepSpeed wraps it:
   this project's 2-core CPU machine under a load average of 14 (an idle core compares several GB/s; on a GPU node
   the gathers and the compare run on the device: an estimated second).
 
-:class:`VerifiedActor` is upstream's ``Actor`` plus this check; :func:`patches.install_verified_actor` makes the
-policy and reference actors build it.
+:class:`LoadCheckedActor` is upstream's ``Actor`` plus this check; ``integration.actor.install_worker_actor`` makes
+the policy and reference workers build it (combined with the chunked-log-prob ``Actor`` of ``--logprobs.chunked``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 from openrlhf.models import Actor
+
+from openrlhf_classmate.errors import TrainingStopped
 
 PEFT_PREFIX = "base_model.model."
 
@@ -153,14 +155,13 @@ def _gathered(param: torch.nn.Parameter, zero3: bool):
     return deepspeed.zero.GatheredParameters([param])  # one parameter: DeepSpeed's synchronous gather
 
 
-def _stop(message: str):
-    from openrlhf_classmate.integration.trainer import TrainingStopped
-
+def _stop(message: str) -> TrainingStopped:
     return TrainingStopped(f"error: {message}")
 
 
-class VerifiedActor(Actor):
-    """Upstream's ``Actor``; a model loaded from a path is compared with its checkpoint before anything uses it."""
+class LoadCheckedActor(Actor):
+    """Upstream's ``Actor``; a model loaded from a path is compared with its checkpoint before anything uses it
+    (before DeepSpeed wraps it, and before a resumed run loads its DeepSpeed checkpoint over it)."""
 
     def __init__(self, pretrain_or_model, *args, **kwargs):
         super().__init__(pretrain_or_model, *args, **kwargs)
@@ -174,3 +175,13 @@ class VerifiedActor(Actor):
             report = verify_loaded_weights(self.model, pretrain_or_model, zero3=zero3)
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             print(f"[openrlhf_classmate] {report.line(pretrain_or_model)}", flush=True)
+
+
+def load_checked_class(base: type[Actor]) -> type[LoadCheckedActor]:
+    """``base`` (upstream's ``Actor`` or a subclass, e.g. the chunked one) with the load check, for upstream to
+    construct as its ``Actor``."""
+    if issubclass(base, LoadCheckedActor):
+        return base
+    if base is Actor:
+        return LoadCheckedActor
+    return type(base.__name__, (LoadCheckedActor, base), {})

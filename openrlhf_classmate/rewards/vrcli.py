@@ -1,14 +1,16 @@
 """VR-CLI's completion-likelihood reward in the experience maker (reward_methods.md §C; issue 15).
 
-The ``--vrcli.*`` flag group (:class:`VrcliConfig`), its launch checks (:func:`validate_vrcli_args`, before Ray) and
-the group-level reward hook (:class:`VrcliRewardHook`, built by the controller).
+The ``--vrcli.*`` flag group (:class:`VrcliConfig`; its launch checks are
+``integration.reward_methods.validate_vrcli_args``, before Ray) and the group-level reward hook
+(:class:`VrcliRewardHook`, built by the controller).
 
 Per rollout batch the hook
 
 1. reads each sample's label (``ground_truth`` = gold next chapter, ``messages`` = the policy prompt,
    ``datapoint_id``, ``baseline_ppl``): the datapoint is found through the label, never by parsing prompt text;
 2. extracts the plan from the decoded response (:func:`openrlhf_classmate.algo.vrcli_reward.extract_plan`); a
-   response without one is invalid (``--vrcli.missing_plan zero`` scores it 0 instead);
+   response without one is invalid (``--vrcli.missing_plan zero`` scores it 0 instead, ``whole`` takes the whole
+   response as its plan, as the released code does);
 3. builds the generator input (system, user prompt + plan block, assistant = gold chapter) with the model's chat
    template and runs all of them through the reference-model group in one batched
    ``async_run_method_batch(method_name="forward", ...)`` call, the gold chapter being the "action" span
@@ -24,13 +26,11 @@ online``, from the same batched forward (once per datapoint, cached for the rest
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -39,7 +39,6 @@ from openrlhf_classmate.algo.vrcli_reward import (
     LADDER_REWARDS,
     LADDER_THRESHOLDS,
     MAPPINGS,
-    check_ladder,
     extract_plan,
     improvement,
     improvement_stats,
@@ -47,9 +46,11 @@ from openrlhf_classmate.algo.vrcli_reward import (
     ladder_bucket_names,
     map_improvement,
     perplexity,
+    released_plan,
 )
 from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
 from openrlhf_classmate.data.story_prompts import generator_messages_from_policy_messages
+from openrlhf_classmate.errors import TrainingStopped
 from openrlhf_classmate.rewards.likelihood import (
     TemplateError,
     effective_ranks,
@@ -60,7 +61,7 @@ from openrlhf_classmate.rewards.likelihood import (
 
 DATA_SOURCE = "vrcli_story"
 BASELINE_MODES = ("dataset", "online")
-MISSING_PLAN_MODES = ("invalid", "zero")
+MISSING_PLAN_MODES = ("invalid", "zero", "whole")
 PENDING_REWARD_FUNC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pending_reward_func.py")
 BASELINE_SCRIPT = "setup_data/vrcli_baseline_ppl.py"
 
@@ -104,8 +105,12 @@ class VrcliConfig:
     missing_plan: str = field(
         default="invalid",
         metadata={"help": "A response with no plan (no 'In summary:' / 'In summary,' / 'Detailed Plan:' marker, or "
-                          "nothing after it): invalid (masked out of the group statistics) or zero "
-                          "(a valid reward of 0)", "choices": MISSING_PLAN_MODES},
+                          "nothing after it): invalid (masked out of the group statistics), zero (a valid reward "
+                          "of 0) or whole (the released code: the whole response, or the empty text after a "
+                          "trailing marker, is the plan). invalid is the default because the policy is asked to end "
+                          "with an 'In summary:' paragraph: under whole a response that skips it is rewarded for its "
+                          "entire reasoning as if it were that plan (and makes a longer generator input); use whole "
+                          "to reproduce the released runs. Logged: vrcli/no_plan", "choices": MISSING_PLAN_MODES},
     )
     micro_batch_size: int = field(
         default=8, metadata={"help": "Generator sequences per reference forward", "range": POSITIVE_INT}
@@ -128,81 +133,6 @@ def add_vrcli_arguments(parser) -> None:
     from openrlhf_classmate.config_fields import add_dataclass_group
 
     add_dataclass_group(parser, "vrcli", VrcliConfig)
-
-
-def _fail(message: str):
-    raise SystemExit(f"error: {message}")
-
-
-def validate_vrcli_args(args: SimpleNamespace) -> None:
-    """Refuse what cannot work with the VR-CLI reward, before Ray starts; with ``--vrcli.baseline dataset`` also
-    check the baselines of local jsonl datasets against the reference model."""
-    v = args.vrcli
-    if not v.enable:
-        changed = [f.name for f in dataclasses.fields(VrcliConfig)
-                   if f.name != "enable" and getattr(v, f.name) != _default(f)]
-        if changed:
-            _fail(f"--vrcli.{changed[0]} has no effect without --vrcli.enable")
-        return
-    if not args.algo.kl.init_coef > 0:
-        _fail("--vrcli.enable scores plans with the reference model, which upstream creates only when "
-              "--algo.kl.init_coef > 0: set it (the released runs used --algo.kl.init_coef 1e-6 with "
-              "--algo.kl.use_loss --algo.kl.estimator k3)")
-    if args.rollout.temperature != 1.0:
-        _fail(f"--vrcli.enable with --rollout.temperature {args.rollout.temperature}: upstream's reference actor "
-              "divides its logits by the rollout temperature, so the perplexities would be those of a tempered "
-              "model; use --rollout.temperature 1.0 (the released runs did)")
-    from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH, classmate_enabled, log_resolved
-
-    if args.train.agent_func_path or args.reward.model_name_or_path or (args.reward.remote_url or []) != [
-            REWARD_FUNC_PATH]:
-        _fail("--vrcli.enable computes the main reward itself: drop --reward.remote_url / "
-              "--reward.model_name_or_path / --train.agent_func_path")
-    if not args.data.label_key:
-        _fail("--vrcli.enable reads the gold chapter and the datapoint from each row's label: set "
-              "--data.label_key (label, for rows written by setup_data/vrcli_story.py)")
-    if classmate_enabled(args):
-        _fail("--vrcli.enable with a classmate is not supported: drop --classmate.model_name_or_path")
-    if args.train.async_enable:
-        _fail("--vrcli.enable needs the synchronous trainer (its experience maker runs the reward): drop "
-              "--train.async_enable")
-    if args.algo.dynamic_filtering_enable:
-        _fail("--algo.dynamic_filtering_enable filters prompt groups on the rollout-time scores, before the VR-CLI "
-              "reward exists: drop it")
-    try:
-        check_ladder(v.thresholds, v.ladder_rewards)
-    except ValueError as e:
-        _fail(f"--vrcli.thresholds / --vrcli.ladder_rewards: {e}")
-    if v.micro_batch_size < 1:
-        _fail("--vrcli.micro_batch_size must be >= 1")
-    if v.max_tokens_per_forward < 0 or v.max_len < 0:
-        _fail("--vrcli.max_tokens_per_forward and --vrcli.max_len must be >= 0 (0 = no limit)")
-    args.reward.remote_url = [PENDING_REWARD_FUNC_PATH]
-    log_resolved(f"--reward.remote_url {PENDING_REWARD_FUNC_PATH} (--vrcli.enable: the experience maker computes "
-                 "the reward; the engines only mark it pending)")
-    v.reference_checksum = None
-    if v.baseline == "dataset":
-        from openrlhf_classmate.rewards.likelihood import model_checksum
-
-        print(f"vrcli: checksum of the reference model {args.actor.model_name_or_path} (to check the datasets' "
-              "precomputed baselines)", flush=True)
-        try:
-            v.reference_checksum = model_checksum(args.actor.model_name_or_path)
-        except (OSError, ValueError) as e:
-            _fail(f"--vrcli.baseline dataset: cannot checksum the reference model {args.actor.model_name_or_path} "
-                  f"({e}); use --vrcli.baseline online")
-        for flag, value in (("--data.prompt_dataset", args.data.prompt_dataset),
-                            ("--eval.dataset", getattr(args.eval, "dataset", None))):
-            for path in (value or "").split(","):
-                if os.path.isfile(path) and path.endswith((".jsonl", ".json")):
-                    problem = check_dataset_baselines(path, args.data.label_key, args.actor.model_name_or_path,
-                                                      v.reference_checksum, args.ds.param_dtype)
-                    if problem:
-                        _fail(f"{flag} {problem}")
-
-
-def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 # ── labels and baselines ──
@@ -288,6 +218,7 @@ class _Row:
     label: dict
     plan: str | None = None
     reason: str | None = None  # why the sample is not scored: no_plan, too_long, nonfinite
+    no_plan: bool = False  # no plan marker (or nothing after it); scored on the whole response with missing_plan whole
     item: int = -1  # index of its generator sequence in the forward batch
     baseline_key: tuple | None = None
 
@@ -307,6 +238,8 @@ class VrcliRewardHook:
         self.empty_cache = empty_cache
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.baseline_cache: dict[tuple, float] = {}  # online baselines: the reference model is frozen
+        self.invalid_reason: str | None = None
+        """Why every sample of the last batch was invalid (the experience maker's skip message), or None."""
 
     def __call__(self, maker, samples) -> dict[str, float]:
         group = maker.initial_model_group
@@ -369,7 +302,7 @@ class VrcliRewardHook:
         metrics.update({
             "vrcli/invalid": float(sum(r is not None and not (r == "no_plan" and cfg.missing_plan == "zero")
                                        for r in reasons)),
-            "vrcli/no_plan": float(reasons.count("no_plan")),
+            "vrcli/no_plan": float(sum(row.no_plan for row in rows)),
             "vrcli/invalid_too_long": float(reasons.count("too_long")),
             "vrcli/invalid_nonfinite": float(reasons.count("nonfinite")),
             "vrcli/reward_forward_time": forward_time,
@@ -380,7 +313,22 @@ class VrcliRewardHook:
         if ppl_plan:
             metrics["vrcli/ppl_plan_mean"] = sum(ppl_plan) / len(ppl_plan)
             metrics["vrcli/ppl_base_mean"] = sum(ppl_base) / len(ppl_base)
+        self.invalid_reason = self._why_all_invalid(rows) if metrics["vrcli/invalid"] == len(rows) else None
         return metrics
+
+    def _why_all_invalid(self, rows: list[_Row]) -> str:
+        """What made every sample of the batch invalid, for the step's skip / stop message (not the judge)."""
+        too_long, no_plan = sum(r.reason == "too_long" for r in rows), sum(r.reason == "no_plan" for r in rows)
+        parts = []
+        if too_long:
+            shortest = min(len(generator_sequence(self.tokenizer, r.label, None)[0]) for r in rows)
+            parts.append(f"{too_long} generator sequences longer than --vrcli.max_len {self.config.max_len} (without "
+                         f"any plan the shortest of this batch is {shortest} tokens: raise --vrcli.max_len, 0 = no "
+                         "limit)")
+        if no_plan:
+            parts.append(f"{no_plan} responses without a plan ('In summary:' marker; --vrcli.missing_plan zero scores "
+                         "them 0)")
+        return "VR-CLI: " + "; ".join(parts)
 
     def _read(self, sample) -> _Row:
         try:
@@ -393,8 +341,12 @@ class VrcliRewardHook:
                 raise _stop(f"--vrcli.baseline dataset: {problem}")
         width = sample.action_mask.shape[1]
         response_ids = sample.sequences[0][-width:][sample.action_mask[0].bool()]
-        plan = extract_plan(self.tokenizer.decode(response_ids.tolist(), skip_special_tokens=True))
-        row = _Row(label=label, plan=plan, reason=None if plan is not None else "no_plan")
+        text = self.tokenizer.decode(response_ids.tolist(), skip_special_tokens=True)
+        plan = extract_plan(text)
+        no_plan = plan is None
+        if no_plan and self.config.missing_plan == "whole":
+            plan = released_plan(text)
+        row = _Row(label=label, plan=plan, reason="no_plan" if plan is None else None, no_plan=no_plan)
         row.baseline_key = (label["datapoint_id"], label["ground_truth"], json.dumps(label["messages"]))
         return row
 
@@ -419,10 +371,8 @@ def _set_reward(sample, reward: float, valid: bool) -> None:
     sample.info["main_valid"] = torch.tensor([1.0 if valid else 0.0])
 
 
-def _stop(message: str):
+def _stop(message: str) -> TrainingStopped:
     """The launcher prints a ``TrainingStopped`` as its one ``error:`` line."""
-    from openrlhf_classmate.integration.trainer import TrainingStopped
-
     return TrainingStopped(f"error: {message}")
 
 

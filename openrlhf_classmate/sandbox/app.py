@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,14 +36,14 @@ class TestProgramRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     program: str
     tests: list[str] = Field(min_length=1)
-    max_execution_time: float | None = Field(default=None, gt=0)
+    max_execution_time: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class TestProgramStdioRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     program: str
     tests: list[StdioTest] = Field(min_length=1)
-    max_execution_time: float | None = Field(default=None, gt=0)
+    max_execution_time: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class ClientError(Exception):
@@ -113,6 +114,20 @@ async def _send_json(send, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` as strict JSON can carry it: a NaN or infinite number the client sent (pydantic echoes the input)
+    becomes its text, other objects their ``str``; the 422 answer must not fail to serialise (it was a 500)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> str:
     parts = []
     for e in errors[:5]:
@@ -142,8 +157,7 @@ def create_app(cfg: SandboxConfig, box: Sandbox) -> FastAPI:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return JSONResponse({"error": f"request body is not valid JSON: {_validation_message(errors)}"}, 400)
-        return JSONResponse({"error": _validation_message(errors),
-                             "detail": json.loads(json.dumps(errors, default=str))}, 422)
+        return JSONResponse({"error": _validation_message(errors), "detail": _json_safe(errors)}, 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

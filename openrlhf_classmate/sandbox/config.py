@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -93,9 +94,9 @@ class SandboxConfig:
             "default_time_limit": self.default_time_limit, "max_time_limit": self.max_time_limit,
             "max_request_mb": self.max_request_mb, "grace_s": self.grace_s,
         }
-        bad = [f"{k}={v}" for k, v in positive.items() if not v > 0]
+        bad = [f"{k}={v}" for k, v in positive.items() if not 0 < v < math.inf]  # NaN fails the comparison
         if bad:
-            raise ValueError(f"these settings must be > 0: {', '.join(bad)}")
+            raise ValueError(f"these settings must be finite numbers > 0: {', '.join(bad)}")
         if self.default_time_limit > self.max_time_limit:
             raise ValueError(f"default_time_limit {self.default_time_limit} exceeds max_time_limit {self.max_time_limit}")
         if self.open_files < 16:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -63,10 +64,12 @@ class CodeSandboxConfig:
             raise ValueError(f"sandbox url must be http(s)://HOST:PORT, got {self.url!r}")
         if self.reward not in REWARD_MODES:
             raise ValueError(f"code reward must be one of {REWARD_MODES}, got {self.reward!r}")
-        if self.max_execution_time is not None and not self.max_execution_time > 0:
-            raise ValueError(f"max_execution_time must be > 0, got {self.max_execution_time}")
-        if self.timeout_s <= 0 or self.max_concurrency < 1 or self.max_retries < 0 or self.backoff_s < 0:
-            raise ValueError("sandbox client needs timeout_s > 0, max_concurrency >= 1, max_retries >= 0, backoff_s >= 0")
+        if self.max_execution_time is not None and not 0 < self.max_execution_time < math.inf:
+            raise ValueError(f"max_execution_time must be a finite number > 0, got {self.max_execution_time}")
+        if not (0 < self.timeout_s < math.inf and self.max_concurrency >= 1 and self.max_retries >= 0
+                and 0 <= self.backoff_s < math.inf):  # NaN fails every comparison
+            raise ValueError("sandbox client needs a finite timeout_s > 0, max_concurrency >= 1, max_retries >= 0 and "
+                             "a finite backoff_s >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CodeSandboxConfig:
@@ -78,10 +81,15 @@ class CodeSandboxConfig:
         for key, name in names.items():
             value = env.get(name)
             if value:
-                try:
-                    kwargs[key] = float(value) if key in ("max_execution_time", "timeout_s") else value
-                except ValueError:
-                    raise ValueError(f"{name}={value!r} is not a number") from None
+                if key in ("max_execution_time", "timeout_s"):
+                    try:
+                        kwargs[key] = float(value)
+                    except ValueError:
+                        raise ValueError(f"{name}={value!r} is not a number") from None
+                    if not math.isfinite(kwargs[key]):
+                        raise ValueError(f"{name}={value!r}: must be a finite number of seconds")
+                else:
+                    kwargs[key] = value
         try:
             return cls(**kwargs)
         except ValueError as e:
@@ -135,8 +143,9 @@ class CodeScorer(BaseScorer):
             if not ok:
                 raise LabelError(f"test {i} is not {what}: {t!r:.80}", data_source=source, field="tests")
         limit = label.get("max_execution_time")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-            raise LabelError(f"must be a positive number of seconds, got {limit!r:.40}", data_source=source,
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not 0 < limit < math.inf):  # NaN fails the comparison too
+            raise LabelError(f"must be a finite positive number of seconds, got {limit!r:.40}", data_source=source,
                              field="max_execution_time")
 
     async def _ascore_answers(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[ScoreResult]:

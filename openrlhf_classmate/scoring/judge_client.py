@@ -62,9 +62,11 @@ class JudgeConfig:
             )
         if not self.model:
             raise ValueError("JudgeConfig.model must name the judge model (as served by the endpoint)")
-        if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0:
+        if not (self.max_concurrency >= 1 and self.max_retries >= 0 and 0 < self.timeout_s < math.inf
+                and 0 <= self.backoff_s < math.inf):  # NaN fails every comparison
             raise ValueError(
-                "JudgeConfig needs max_concurrency >= 1, max_retries >= 0, timeout_s > 0 and backoff_s >= 0, got "
+                "JudgeConfig needs max_concurrency >= 1, max_retries >= 0, a finite timeout_s > 0 and a finite "
+                "backoff_s >= 0, got "
                 f"{self.max_concurrency}, {self.max_retries}, {self.timeout_s}, {self.backoff_s}"
             )
 

@@ -132,12 +132,14 @@ def resolve_data_source(data_source: str) -> str:
         close = difflib.get_close_matches(data_source, list(_NAMES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
     suffixes = "".join(f"; or any name ending in {suffix}" for suffix in sorted(_SUFFIXES))
-    raise UnknownDataSourceError(
+    error = UnknownDataSourceError(
         f"no scorer for this data_source.{hint} Known names (exact match): {', '.join(sorted(_NAMES))}{suffixes}. "
         "Fix the dataset's data_source, or register a scorer with scoring.register_scorer().",
         data_source=data_source,
         field="data_source",
     )
+    error.hint = hint.strip()  # for messages about a flag naming a scorer
+    raise error
 
 
 def get_scorer(data_source: str, *, judge: Judge = None) -> Scorer:

@@ -5,6 +5,12 @@ Scorer ``tinyv`` (data sources ``bigmath_tinyv``, ``bigmath_rl_tinyv``, ``HardVe
 ``_tinyv``). Per final answer, with P the rule verdict (math-verify, 1/0), V the verifier's (1/0, or the rubric score
 in [0, 1]) and w = ``--tinyv.weight``:
 
+P is a substitute: TinyV takes Prime Math's grader (MATH normalisation, a custom normalisation, sympy, then
+``math_equal``) on the trimmed answer. reward_methods.md §A.3 names those stages but not their rules, so a port could
+not be checked against Prime's verdicts; math-verify (the registry's MATH scorer, last box of the final answer) decides
+instead. Where the two graders disagree, addon asks the verifier on different answers than TinyV would, and mixed's
+``(1 - w) * P`` term differs.
+
 ===============  ==========================  ===========================
 mode             verifier asked              reward
 ===============  ==========================  ===========================
@@ -42,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
+from openrlhf_classmate.config_fields import POSITIVE_INT, Bound, field_problem
 from openrlhf_classmate.scoring.base import BaseScorer, Item
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
 from openrlhf_classmate.scoring.labels import LabelError, require_scalar, require_str
@@ -87,7 +93,10 @@ class TinyVConfig:
         default="addon",
         metadata={"help": "addon: ask the verifier only when the rule says wrong, reward 1 if the rule says right "
                           "else weight*V; tinyv_only: reward V (verifier always asked); mixed: weight*V + "
-                          "(1-weight)*rule", "choices": MODES},
+                          "(1-weight)*rule. The rule verdict is math-verify's on the final answer (its last box), a "
+                          "substitute for TinyV's Prime Math grader on the trimmed answer, which is not ported: the "
+                          "two can disagree on an answer, and with it on when addon asks the verifier and on the "
+                          "rule term of mixed", "choices": MODES},
     )
     weight: float = field(
         default=1.0,
@@ -123,11 +132,9 @@ class TinyVConfig:
                              f"{self.base_url!r}")
         if self.mode not in MODES:
             raise ValueError(f"--tinyv.mode must be one of {MODES}, got {self.mode!r}")
-        if not 0.0 <= self.weight <= 1.0:
-            raise ValueError(f"--tinyv.weight must be in [0, 1], got {self.weight}")
-        if self.max_concurrency < 1 or self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0:
-            raise ValueError("--tinyv.max_concurrency >= 1, --tinyv.timeout_s > 0, --tinyv.max_retries >= 0 and "
-                             "--tinyv.backoff_s >= 0 are required")
+        problem = field_problem("tinyv", TinyVConfig, self)  # the ranges the flags' help states; finite numbers
+        if problem:
+            raise ValueError(problem)
 
 
 class TinyVNotConfiguredError(LabelError):

@@ -92,7 +92,11 @@ def corpus(seed: int, lines: int = 1500) -> list[str]:
     return out
 
 
-def _byte_level(spec: Kind, split: str, normalizer) -> Tokenizer:
+def train_byte_level(lines: list[str], vocab_size: int, specials: tuple[str, ...], split: str = QWEN_SPLIT,
+                     normalizer=None) -> Tokenizer:
+    """A byte-level BPE (GPT-2 / Qwen style: ``split`` pre-tokenises, every byte has a token) trained on ``lines``,
+    with ``specials`` as the first ids. The specials are not yet registered as added tokens (the caller adds them
+    and any other added token, e.g. the think tags)."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizer
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -100,10 +104,14 @@ def _byte_level(spec: Kind, split: str, normalizer) -> Tokenizer:
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=list(spec.specials),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus(spec.corpus_seed), trainer)
+    tok.train_from_iterator(lines, trainer)
     return tok
+
+
+def _byte_level(spec: Kind, split: str, normalizer) -> Tokenizer:
+    return train_byte_level(corpus(spec.corpus_seed), spec.vocab_size, spec.specials, split, normalizer)
 
 
 def _sentencepiece(spec: Kind) -> Tokenizer:

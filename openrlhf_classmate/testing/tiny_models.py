@@ -5,6 +5,9 @@ initialised Llama-architecture model (a few thousand to a few million parameters
 ``<think>`` / ``</think>`` and a chat template, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. Pass
 ``tokenizer=`` (e.g. a BPE tokenizer of :mod:`openrlhf_classmate.testing.bpe_world`) instead of ``words`` to put the
 model over another tokenizer, and ``stop_token_ids=`` for a generation config that stops on several ids.
+
+``save_random_lm`` saves a model alone (no tokenizer) of any vocabulary size, and ``ragged_batch`` makes a micro-batch
+in upstream's experience layout (left-padded prompts, right-padded responses), for tests of the actor forward.
 """
 
 from __future__ import annotations
@@ -80,3 +83,27 @@ def save_tiny_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_random_lm(path: str, *, vocab_size: int = 300, hidden_size: int = 32, tie: bool = True, seed: int = 0) -> str:
+    """A random 2-layer Llama causal LM of ``vocab_size`` tokens saved to ``path`` (no tokenizer); returns ``path``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=tie, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def ragged_batch(vocab_size: int, prompts: list[int], responses: list[int], seed: int = 0):
+    """(sequences, attention_mask, action_mask) of random tokens >= 3 with the given prompt / response lengths per row,
+    as upstream's experiences hold them: prompts left-padded, responses right-padded, pad id 0, and the action mask
+    over the response columns (log-prob column j scores response token j)."""
+    g = torch.Generator().manual_seed(seed)
+    p, r = max(prompts), max(responses)
+    sequences = torch.randint(3, vocab_size, (len(prompts), p + r), generator=g)
+    cols = torch.arange(p + r)
+    attention = torch.stack([(cols >= p - pl) & (cols < p + rl) for pl, rl in zip(prompts, responses)]).long()
+    return sequences * attention, attention, attention[:, p:].bool()

@@ -52,11 +52,11 @@ def reference_load(rank: int, world_size: int, *, model_dir: str, loads: int = 1
     """``loads`` fresh loads through our reference actor (upstream's ``ReferenceModelActor`` + the weight check) with
     our strategy at ZeRO-3; then, with ``corrupt`` (a parameter name), NaN written into rank 1's partition of it and
     the weight check run again. Returns the check lines and the error of the corrupted check."""
+    from openrlhf_classmate.errors import TrainingStopped
     from openrlhf_classmate.integration import patches
     from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
     from openrlhf_classmate.integration.args import parse_args
     from openrlhf_classmate.integration.strategy import get_strategy
-    from openrlhf_classmate.integration.trainer import TrainingStopped
     from openrlhf_classmate.integration.weight_check import verify_loaded_weights
 
     patches.install_cpu_runtime()

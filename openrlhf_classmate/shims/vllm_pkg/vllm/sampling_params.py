@@ -21,6 +21,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from vllm.exceptions import VLLMValidationError
@@ -33,6 +34,14 @@ logger = logging.getLogger("vllm.sampling_params")
 
 def _max_n() -> int:
     return int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))
+
+
+class RequestOutputKind(Enum):
+    """vLLM's: what each ``RequestOutput`` of a request carries (the HF engine returns one final output anyway)."""
+
+    CUMULATIVE = 0  # the whole output so far, after every step
+    DELTA = 1  # only what is new
+    FINAL_ONLY = 2  # no intermediate outputs
 
 
 @dataclass
@@ -55,6 +64,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    flat_logprobs: bool = False
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -62,6 +72,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     extra_args: dict[str, Any] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     bad_words: list[str] | None = None
     output_text_buffer_length: int = field(default=0, repr=False)
 

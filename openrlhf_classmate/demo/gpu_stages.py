@@ -1,0 +1,301 @@
+"""The GPU demo's stages (:mod:`openrlhf_classmate.demo.gpu`): what each does, what it costs, where it writes.
+
+With ``--engine vllm`` the warm-start and evaluation stages run in a child process each (``--_stage NAME``), so
+that every stage starts on a GPU that the previous one has fully released (vLLM's engine processes included) and a
+stage past the call's budget can be stopped whole. With ``--engine hf`` (the CPU check) they run in this process.
+The RL stages are launcher subprocesses in both cases (:mod:`openrlhf_classmate.demo.rl_stage`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import subprocess
+import sys
+import time
+
+from openrlhf_classmate.demo import gpu_world as G
+from openrlhf_classmate.demo import world as W
+from openrlhf_classmate.demo.stages import Stage, Timings, is_done, mark_done, run_stages
+
+# Seconds on one H100, estimated from the earlier device runs (bench/GPU_RESULTS.md section 3); an output folder's
+# own measurements (stages/timings.json) replace them as soon as it has some
+H100 = {"warmstart": 120, "eval": 60, "report": 15, "rl_startup": {"classmate": 240, "grpo": 170},
+        "rl_step": {"classmate": 3.5, "grpo": 3.0}, "rl_end": 20}
+CPU_TINY = {"warmstart": 30, "eval": 20, "report": 15, "rl_startup": {"classmate": 60, "grpo": 50},
+            "rl_step": {"classmate": 3.0, "grpo": 3.0}, "rl_end": 10}
+RUN_TITLES = {"classmate": "classmate GDPO", "grpo": "plain GRPO"}
+
+
+def line(text: str) -> None:
+    print(f"    {text}", flush=True)
+
+
+class GPUDemo:
+    def __init__(self, settings, out: str, argv: list[str], budget_s: float | None = None,
+                 rl_steps_per_call: int | None = None):
+        self.s = settings
+        self.out = out
+        self.argv = list(argv)
+        self.budget_s = float("inf") if budget_s is None else budget_s
+        self.rl_steps_per_call = rl_steps_per_call
+        self.timings = Timings(out)
+        self.est = dict(H100 if settings.engine == "vllm" else CPU_TINY)
+        if settings.engine == "vllm" and settings.tiny:
+            self.est.update(warmstart=40, rl_step={"classmate": 1.0, "grpo": 1.0})
+        if settings.engine == "vllm" and settings.eval_backend == "hf":
+            self.est["eval"] = 25
+        self._splits = None
+
+    # ── paths and shared data ──
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.out, *parts)
+
+    @property
+    def main_path(self) -> str:
+        return self.path("world", "main_warmstart")
+
+    @property
+    def classmate_path(self) -> str:
+        return self.path("world", "classmate")
+
+    def splits(self) -> tuple[list[W.Problem], list[W.Problem]]:
+        if self._splits is None:
+            self._splits = W.make_splits(self.s.seed, self.s.rl.steps * self.s.rl.prompts_per_step, self.s.num_eval,
+                                         G.SPEC)
+        return self._splits
+
+    def stage_names(self) -> list[str]:
+        names = ["warmstart", "eval_before"]
+        for run in self.s.runs:
+            names += [f"rl_{run}", f"eval_{run}"]
+        return names + ["report"]
+
+    def all_done(self) -> bool:
+        return all(is_done(self.out, name) for name in self.stage_names())
+
+    # ── the call ──
+    def stages(self) -> list[Stage]:
+        isolate = self.s.engine == "vllm"
+        out = [
+            Stage("warmstart", "world, BPE tokenizer, both models; supervised warm-start",
+                  lambda: self._measured("warmstart", self.est["warmstart"]),
+                  self._isolated("warmstart") if isolate else lambda _: self.warmstart()),
+            Stage("eval_before", "held-out evaluation of the warm start",
+                  self._eval_estimate,
+                  self._isolated("eval_before") if isolate else lambda _: self.evaluate("eval_before")),
+        ]
+        for run in self.s.runs:
+            out += [
+                Stage(f"rl_{run}", f"{RUN_TITLES[run]} through the launcher ({self.s.engine} engines)",
+                      lambda run=run: self.rl_estimate(run),
+                      lambda deadline, run=run: self.rl(run, deadline),
+                      min_part_s=self.rl_startup(run) + self.s.rl.save_every * self.rl_step(run) + 30),
+                Stage(f"eval_{run}", f"held-out evaluation after {RUN_TITLES[run]}",
+                      self._eval_estimate,
+                      (self._isolated(f"eval_{run}") if isolate
+                       else lambda _, run=run: self.evaluate(f"eval_{run}"))),
+            ]
+        return out + [Stage("report", "metrics.jsonl, curves.png, summary.md", lambda: self.est["report"],
+                            lambda _: self.report())]
+
+    def run(self) -> int:
+        if self.s.engine == "hf" and not self.all_done():
+            import torch
+
+            # the CPU check's tiny models run in this process: one thread each op is several times faster than two
+            # threads spinning against each other on a small, busy machine
+            torch.set_num_threads(1)
+        return run_stages(self.stages(), self.out, self.budget_s, self.timings)
+
+    def run_stage(self, name: str) -> bool:
+        """One stage in this (child) process."""
+        if name == "warmstart":
+            return self.warmstart()
+        if name.startswith("eval_"):
+            return self.evaluate(name)
+        raise SystemExit(f"error: --_stage {name}: not a stage that runs in its own process")
+
+    def _isolated(self, name: str):
+        def run(deadline: float) -> bool:
+            from openrlhf_classmate.testing.e2e import kill_session
+
+            command = [sys.executable, "-m", "openrlhf_classmate.demo", *self.argv, "--_stage", name]
+            proc = subprocess.Popen(command, start_new_session=True)
+            try:
+                code = proc.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                kill_session(proc)
+                line(f"stage {name} ran past the call's budget and was stopped; the next call runs it again")
+                return False
+            if code != 0:
+                raise SystemExit(f"error: stage {name} failed (exit {code}; its output is above)")
+            return is_done(self.out, name)
+
+        return run
+
+    # ── estimates ──
+    def _measured(self, name: str, default: float) -> float:
+        seconds = self.timings.data.get(name, {}).get("seconds")
+        return seconds[-1] if seconds else default
+
+    def _eval_estimate(self) -> float:
+        """The latest evaluation's time (they all cost the same: two engine starts and the same generation)."""
+        names = ["eval_before"] + [f"eval_{run}" for run in self.s.runs]
+        measured = [self.timings.last(n, "seconds") for n in names if self.timings.last(n, "seconds") is not None]
+        return measured[-1] if measured else self.est["eval"]
+
+    def rl_startup(self, run: str) -> float:
+        other = "grpo" if run == "classmate" else "classmate"
+        return (self.timings.last(f"rl_{run}", "startup_s") or self.timings.last(f"rl_{other}", "startup_s")
+                or self.est["rl_startup"][run])
+
+    def rl_step(self, run: str) -> float:
+        other = "grpo" if run == "classmate" else "classmate"
+        return (self.timings.last(f"rl_{run}", "step_s") or self.timings.last(f"rl_{other}", "step_s")
+                or self.est["rl_step"][run])
+
+    def rl_estimate(self, run: str) -> float:
+        from openrlhf_classmate.demo.rl_stage import checkpoint_step
+
+        left = self.s.rl.steps - checkpoint_step(self.path("runs", run))
+        return self.rl_startup(run) + left * self.rl_step(run) + self.est["rl_end"]
+
+    # ── stages ──
+    def warmstart(self) -> bool:
+        import torch
+
+        from openrlhf_classmate.demo import warmstart as S
+        from openrlhf_classmate.demo.evaluate import true_chain
+
+        cuda = self.s.engine == "vllm"
+        device = "cuda" if cuda else "cpu"
+        prebuild = _prebuild_fused_adam() if cuda else None
+        t0 = time.time()
+        tok = G.build_tokenizer(self.s.seed)
+        train, held = self.splits()
+        W.write_prompts(self.path("world", "train.jsonl"), train)
+        W.write_prompts(self.path("world", "heldout.jsonl"), held)
+        main_model, cm_model = G.new_models(tok, self.s.sizes, self.s.seed)
+        info = {"main_params": _params(main_model), "classmate_params": _params(cm_model), "vocab": len(tok),
+                "main_size": list(dataclasses.astuple(self.s.sizes.main)),
+                "classmate_size": list(dataclasses.astuple(self.s.sizes.classmate)),
+                "device": torch.cuda.get_device_name(0) if cuda else "cpu"}
+        example = held[0]
+        chain = W.response_text(W.chain_text(example, true_chain(example)), str(example.answer))
+        line(f"{len(train)} training prompts, {len(held)} held-out problems, e.g. '{example.text}' -> {example.answer}")
+        line(f"a legible, correct CoT ({len(tok.encode(chain, add_special_tokens=False))} tokens): {chain}")
+        line(f"main model {info['main_params']:,} params, classmate {info['classmate_params']:,} params, "
+             f"byte-level BPE vocabulary {info['vocab']} tokens")
+        rng = random.Random(self.s.seed)
+        pool = G.fresh_problems(rng, self.s.main_pool_problems, set(held))
+        main_data = S.main_examples(tok, pool, rng, G.TRACES, per_problem=4, spec=G.SPEC)
+        cm_data = S.classmate_examples(tok, tok, pool[: self.s.classmate_pool_problems], rng, per_problem=2,
+                                       spec=G.SPEC)
+        line(f"{len(main_data):,} main traces, {len(cm_data):,} classmate examples built in {time.time() - t0:.0f} s")
+        losses = {}
+        every = max(1, self.s.main_sft_steps // 6)
+        for name, model, data, steps, seed in (("main", main_model, main_data, self.s.main_sft_steps, self.s.seed),
+                                               ("classmate", cm_model, cm_data, self.s.classmate_sft_steps,
+                                                self.s.seed + 1)):
+            line(f"{name}: {steps} steps x {self.s.sft_batch} on {device}")
+            model.to(device)
+            losses[name] = S.train(model, data, tok.pad_token_id, steps, self.s.sft_batch, self.s.sft_lr, seed,
+                                   log=line, log_every=every, device=device)
+            G.save(model.cpu(), tok, self.main_path if name == "main" else self.classmate_path)
+        if prebuild is not None:
+            _wait_prebuild(prebuild)
+        mark_done(self.out, "warmstart", {"models": info, "losses": losses})
+        return True
+
+    def evaluate(self, name: str) -> bool:
+        from openrlhf_classmate.demo import evaluate as E
+        from openrlhf_classmate.demo.report import strip_rows
+
+        run = name.removeprefix("eval_")
+        model = self.main_path if run == "before" else self.path("runs", run, "final")
+        _, held = self.splits()
+        result = E.evaluate_saved(model, self.classmate_path, held, self.s.eval_samples, self.s.seed + 2,
+                                  backend=self.s.eval_backend, max_new_tokens=self.s.rl.max_new_tokens,
+                                  classmate_max_new_tokens=self.s.rl.classmate_max_new_tokens)
+        E.write_rows(self.path("eval_before.jsonl" if run == "before" else f"eval_after_{run}.jsonl"), result)
+        line(E.summary_line(result))
+        mark_done(self.out, name, {"model": model, "backend": self.s.eval_backend, "result": strip_rows(result)})
+        return True
+
+    def rl(self, run: str, deadline: float) -> bool:
+        from openrlhf_classmate.demo import rl_stage as RL
+        from openrlhf_classmate.demo.launch import gpu_launcher_argv
+        from openrlhf_classmate.demo.report import step_line
+
+        run_dir = self.path("runs", run)
+        steps = self.s.rl.steps
+        if RL.final_saved(run_dir) and set(range(1, steps + 1)) <= set(RL.read_steps(run_dir)):
+            mark_done(self.out, f"rl_{run}", {"steps": steps, "note": "the launcher had finished"})
+            return True
+        argv = gpu_launcher_argv(run_dir, self.main_path, self.path("world", "train.jsonl"), self.s.rl,
+                                 self.s.seed, self.classmate_path if run == "classmate" else None,
+                                 engine=self.s.engine, max_len=self.s.max_len, enforce_eager=self.s.enforce_eager)
+        resumed = RL.checkpoint_step(run_dir)
+        line(f"{'resuming from the checkpoint of step ' + str(resumed) if resumed else 'starting'}: Ray, DeepSpeed "
+             f"and the engines (~{self.rl_startup(run):.0f} s) ...")
+
+        def on_step(step: int, status: dict, elapsed: float) -> None:
+            line(f"{step_line(run, step, steps, status)}  ({elapsed:.0f}s)")
+
+        outcome = RL.run(run_dir, argv, steps=steps, save_every=self.s.rl.save_every,
+                         deadline=deadline, max_new_steps=self.rl_steps_per_call,
+                         step_estimate_s=self.rl_step(run), on_step=on_step)
+        self.timings.measure(f"rl_{run}", startup_s=outcome.startup_s, step_s=outcome.step_s)
+        line(f"launcher log: {os.path.join(run_dir, 'launcher.log')}")
+        if not outcome.finished:
+            line(f"stopped after the checkpoint of step {outcome.step} ({outcome.stopped}); the next call resumes "
+                 "from it")
+            return False
+        logged = set(RL.read_steps(run_dir))
+        if not set(range(1, steps + 1)) <= logged:
+            raise RuntimeError(f"{RUN_TITLES[run]}: steps {sorted(set(range(1, steps + 1)) - logged)} were never "
+                               f"logged ({os.path.join(run_dir, 'steps.jsonl')})")
+        mark_done(self.out, f"rl_{run}", {"steps": steps, "resumed_from": resumed,
+                                          "enforce_eager": self.s.enforce_eager})
+        return True
+
+    def report(self) -> bool:
+        from openrlhf_classmate.demo.gpu_report import write_report
+
+        write_report(self)
+        mark_done(self.out, "report", {"files": ["metrics.jsonl", "curves.png", "summary.md", "summary.json"]})
+        return True
+
+
+def _params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _prebuild_fused_adam() -> tuple[subprocess.Popen, float] | None:
+    """Build DeepSpeed's FusedAdam (a JIT op the launcher's actor needs) while the GPU trains, in a child process;
+    the torch-extensions cache then spares the first RL start that build. Best effort: a failure leaves it to the
+    launcher."""
+    code = "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()"
+    try:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL), time.time()
+    except OSError:
+        return None
+
+
+def _wait_prebuild(prebuild: tuple[subprocess.Popen, float]) -> None:
+    from openrlhf_classmate.testing.e2e import release_build_locks
+
+    proc, started = prebuild
+    t0 = time.time()
+    try:
+        code = proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        release_build_locks(since=started)  # a later build would wait on the killed one's lock forever
+        code = "killed after 300 s"
+    if time.time() - t0 > 1:
+        line(f"waited {time.time() - t0:.0f} s for the DeepSpeed FusedAdam build (exit {code})")

@@ -1,0 +1,69 @@
+"""Pieces shared by ``evaluate`` (one model), its readers (:mod:`.readers`) and the checkpoint sweep (:mod:`.sweep`):
+the user-facing error, tokenizer loading, masking failed generations, and atomic file writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from openrlhf_classmate.eval.generation import FAILED_FINISH_REASONS
+
+
+class EvaluationError(ValueError):
+    """A user-facing input problem (bad data file, missing judge, unsupported combination): one line, no traceback."""
+
+
+def log(message: str) -> None:
+    print(f"[evaluate] {message}", file=sys.stderr, flush=True)
+
+
+def load_tokenizer(flag: str, path: str):
+    """``AutoTokenizer`` of ``path``; an unusable folder is one :class:`EvaluationError` line naming ``flag``."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    except Exception as e:  # noqa: BLE001  (transformers raises OSError, ValueError, ... for unusable folders)
+        raise EvaluationError(f"{flag} {path}: cannot load its tokenizer ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]})") from None
+
+
+def unless_failed(result, finish_reason: str | None):
+    """A generation vLLM aborted or failed is no answer: its score is invalid (masked), never the scorer's 0."""
+    from openrlhf_classmate.scoring import ScoreResult
+
+    if finish_reason in FAILED_FINISH_REASONS:
+        return ScoreResult.invalid(f"generation finished with {finish_reason!r}")
+    return result
+
+
+def finite(value):
+    """NaN (an undefined metric) -> null, so the JSON files are strict JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def replace_into(path: str, write) -> None:
+    """Write through ``path + '.tmp'`` and rename: a reader (or a resumed sweep) sees the old file or the whole new
+    one, never a part."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, data: Any) -> None:
+    replace_into(path, lambda f: json.dump(finite(data), f, indent=2))
+
+
+def write_jsonl(path: str, rows: Iterable[dict]) -> None:
+    replace_into(path, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

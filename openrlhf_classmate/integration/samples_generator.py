@@ -1,0 +1,94 @@
+"""``ClassmateSamplesGenerator``: upstream's ``SamplesGenerator`` whose dynamic filter leaves invalid scores out.
+
+Upstream's filter (``--algo.dynamic_filtering_enable``, ``samples_generator.py`` ``_generate_vllm``) averages the
+``scores`` of a prompt group's samples, drops the group when the mean is outside ``--algo.dynamic_filtering_range``
+(open interval) and draws a replacement prompt. A failed score is reported as ``scores = 0`` with
+``extra_logs["main_valid"] = 0`` (``reward_func.py``, ``integration/policy_executor.py``), so upstream averages the
+placeholder: with the judge down every group averages 0, is dropped and replaced until the epoch is used up, and no
+batch ever reaches the trainer's all-invalid stop.
+
+Here the group mean is over the valid scores only; a group without any valid score is dropped (counted, one warning
+line per rollout). While no valid score has been seen, every ``--rollout.batch_size`` groups dropped this way count as
+one all-invalid step towards ``--classmate.stop_after_invalid_steps``, and the run stops with the trainer's message.
+Without dynamic filtering (and for evaluation) upstream's ``_generate_vllm`` runs unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import ray
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
+from openrlhf.utils.logging_utils import init_logger
+
+from openrlhf_classmate.integration.experience_maker import main_validity
+from openrlhf_classmate.integration.step_health import no_valid_score_yet
+
+logger = init_logger(__name__)
+
+KEEP, OUT_OF_RANGE, NO_VALID_SCORE = "keep", "out_of_range", "no_valid_score"
+
+
+def filter_decision(scores: Sequence[float], valid: Sequence[bool], score_range: Sequence[float]) -> str:
+    """Upstream's test ``low < mean < high``, with the mean over the valid scores; a group with none fails."""
+    kept = [s for s, ok in zip(scores, valid, strict=True) if ok]
+    if not kept:
+        return NO_VALID_SCORE
+    low, high = score_range
+    return KEEP if low < sum(kept) / len(kept) < high else OUT_OF_RANGE
+
+
+class ClassmateSamplesGenerator(SamplesGenerator):
+    invalid_groups = 0  # groups dropped for having no valid score
+    seen_valid_score = False
+
+    def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
+        if not dynamic_filtering:
+            return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+        # upstream's loop (dispatch, collect per prompt group as it finishes, replace each dropped group at once),
+        # with filter_decision in place of its mean over every score
+        prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, num_prompts)
+        if not prompts:
+            return [], 0, True
+        consumed, accepted, dropped_invalid = len(prompts), [], 0
+        pending = self._dispatch_prompts_to_vllm(prompts, labels, images=images, **generate_kwargs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=10.0)
+            for ref in ready:
+                group = [self._process_response_into_experience(r, **generate_kwargs) for r in ray.get(ref)]
+                decision = self._decide(group)
+                if decision == KEEP:
+                    accepted.extend(group)
+                    continue
+                dropped_invalid += decision == NO_VALID_SCORE
+                new_prompts, new_labels, new_images, exhausted = _collect_prompt_batch(dataloader_iter, 1)
+                consumed += len(new_prompts)
+                if new_prompts:
+                    pending.extend(self._dispatch_prompts_to_vllm(new_prompts, new_labels, images=new_images,
+                                                                  **generate_kwargs))
+        if dropped_invalid:
+            logger.warning(f"dynamic filtering dropped {dropped_invalid} prompt group(s) whose main scores were all "
+                           "invalid (judge or verifier failures; see the reward function's log lines)")
+        return accepted, consumed, exhausted
+
+    def _decide(self, group: list) -> str:
+        if any(e.scores is None for e in group):
+            return KEEP  # upstream filters only groups whose every sample has a score
+        valid = main_validity(group).tolist()
+        scores = [float(e.scores[0]) for e in group]
+        decision = filter_decision(scores, valid, self.args.algo.dynamic_filtering_range)
+        if decision != NO_VALID_SCORE:
+            self.seen_valid_score = True
+            if decision == OUT_OF_RANGE:
+                logger.info(f"Filtered out: valid scores {[s for s, ok in zip(scores, valid) if ok]} average "
+                            f"outside {tuple(self.args.algo.dynamic_filtering_range)}")
+            return decision
+        self.invalid_groups += 1
+        limit, per_step = self.args.classmate.stop_after_invalid_steps, self.args.rollout.batch_size
+        if limit and not self.seen_valid_score and self.invalid_groups >= limit * per_step:
+            from openrlhf_classmate.errors import TrainingStopped
+
+            raise TrainingStopped(no_valid_score_yet(
+                f"dynamic filtering dropped {self.invalid_groups} prompt groups whose main scores were all invalid "
+                f"({limit} x --rollout.batch_size {per_step})"))
+        return decision

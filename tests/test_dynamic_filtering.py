@@ -1,0 +1,132 @@
+"""Dynamic filtering with invalid scores (issue 23 item 3), in-process: upstream's ``SamplesGenerator`` (dispatch,
+response -> experience, generate_samples) under our filter, rollout engines replaced by a stand-in whose samples are
+scored by the real ``reward_func`` against a real judge server on 127.0.0.1 that fails where told to (HTTP 503).
+Only Ray's ``wait`` / ``get`` are replaced (in order, no cluster)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+import ray
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+from openrlhf_classmate.errors import TrainingStopped
+from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.integration.samples_generator import (
+    KEEP,
+    NO_VALID_SCORE,
+    OUT_OF_RANGE,
+    ClassmateSamplesGenerator,
+    filter_decision,
+)
+from openrlhf_classmate.scoring import JudgeConfig
+from openrlhf_classmate.scoring.testing_server import serve_in_thread
+
+DOWN = "[[fake:status=503]]"  # the judge answers HTTP 503 to this sample's request: an invalid score
+
+
+def rated(n: int) -> str:
+    return f"[[fake:rating={n}]]"
+
+
+class Engine:
+    """A rollout engine: ``answers[prompt]`` are the prompt's n final answers, each scored by ``reward_func``."""
+
+    def __init__(self, answers: dict[str, list[str]]):
+        self.answers, self.dispatched = answers, []
+        self.generate_responses = SimpleNamespace(remote=self._generate)
+        self.get_num_unfinished_requests = SimpleNamespace(remote=lambda: 0)
+
+    def _generate(self, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples, images=None):
+        from openrlhf_classmate.reward_func import reward_func
+
+        self.dispatched.append(prompt)
+        assert len(self.answers[prompt]) == num_samples
+        out = []
+        for answer in self.answers[prompt]:
+            info = reward_func([prompt + answer], [prompt], [label], answers=[answer])
+            out.append({"prompt": prompt, "label": label, "observation_tokens": [5, 6, 7, 8],
+                        "action_ranges": [(2, 4)], "rollout_log_probs": None, "truncated": False,
+                        "reward": info["rewards"], "scores": info["scores"], "extra_logs": info["extra_logs"]})
+        return out
+
+
+@pytest.fixture()
+def judge(monkeypatch):
+    monkeypatch.setattr(ray, "get", lambda x: x)
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (refs[:num_returns], refs[num_returns:]))
+    with serve_in_thread() as server:
+        config = JudgeConfig(base_url=server.base_url, model="fake-judge", max_retries=0, timeout_s=10)
+        monkeypatch.setenv("OPENRLHF_CLASSMATE_JUDGE", json.dumps(dataclasses.asdict(config)))
+        yield server
+
+
+def _generator(cls, answers: dict[str, list[str]], *flags: str):
+    args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
+                       "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
+                       "--algo.advantage.estimator", "group_norm", "--algo.dynamic_filtering_enable",
+                       "--algo.dynamic_filtering_range", "2", "9", *flags])
+    label = json.dumps({"data_source": "helpful_instructions", "ground_truth": None,
+                        "raw_question_for_monitor": "Is my plan good?", "messages": []})
+    loader = [(None, [prompt], [label], [None]) for prompt in answers]  # one prompt per data-loader batch
+    engine = Engine(answers)
+    generator = cls(strategy=SimpleNamespace(args=args), prompts_dataloader=loader, eval_dataloader=None,
+                    tokenizer=None, vllm_engines=[engine])
+    return generator, engine
+
+
+ANSWERS = {
+    "p0": [rated(10), rated(10), DOWN, DOWN],  # valid mean 10: no signal (upstream: (10 + 10 + 0 + 0) / 4 = 5, kept)
+    "p1": [rated(3), rated(5), DOWN, DOWN],  # valid mean 4 (upstream: 2, not > 2, dropped)
+    "p2": [DOWN] * 4,  # the judge failed every sample: no valid score (upstream: mean 0, dropped)
+    "p3": [rated(4), rated(6), rated(6), rated(4)],
+    "p4": [rated(5)] * 4,
+}
+
+
+def test_the_group_mean_is_over_valid_scores_and_a_group_without_one_is_dropped_and_counted(judge):
+    ours, engine = _generator(ClassmateSamplesGenerator, ANSWERS)
+    samples, pass_rate, consumed, exhausted = ours.generate_samples()
+    assert [s.prompts[0] for s in samples[::4]] == ["p1", "p3"] and len(samples) == 8
+    assert engine.dispatched == ["p0", "p1", "p2", "p3"] and consumed == 4 and not exhausted
+    assert pass_rate == pytest.approx(8 / 4 * 100)  # upstream's formula (samples / prompts)
+    assert ours.invalid_groups == 1 and ours.seen_valid_score
+    # the invalid samples of p1 are still there, marked, for the experience maker to mask
+    assert [float(s.info["main_valid"][0]) for s in samples[:4]] == [1.0, 1.0, 0.0, 0.0]
+    assert [float(s.scores[0]) for s in samples[:4]] == [3.0, 5.0, 0.0, 0.0]
+    # upstream on the same answers keeps p0 (placeholder zeros pull its mean into range) and drops p1
+    theirs, _ = _generator(SamplesGenerator, ANSWERS)
+    assert [s.prompts[0] for s in theirs.generate_samples()[0][::4]] == ["p0", "p3"]
+
+
+def test_judge_down_stops_the_run_with_the_all_invalid_message_instead_of_consuming_the_epoch(judge):
+    down = {f"p{i}": [DOWN] * 4 for i in range(10)}
+    theirs, engine = _generator(SamplesGenerator, down)
+    assert theirs.generate_samples()[0] == [] and len(engine.dispatched) == 10  # upstream: the epoch, silently
+    failed_before = judge.statuses.count(503)
+    ours, engine = _generator(ClassmateSamplesGenerator, down, "--classmate.stop_after_invalid_steps", "2")
+    with pytest.raises(TrainingStopped) as stop:
+        ours.generate_samples()
+    assert str(stop.value) == (
+        "error: dynamic filtering dropped 4 prompt groups whose main scores were all invalid (2 x "
+        "--rollout.batch_size 2): no score has been valid yet (judge or verifier down or misconfigured? see the "
+        "reward function's log lines); stopping (--classmate.stop_after_invalid_steps)")
+    assert len(engine.dispatched) == 5  # 2 + 3 replacements: the 4th dropped group stopped it
+    assert judge.statuses.count(503) - failed_before == 5 * 4  # each sample asked the judge once and failed
+    # 0 = never stop (the epoch runs out as upstream's would); after a valid score, later failures never stop it
+    never, _ = _generator(ClassmateSamplesGenerator, down, "--classmate.stop_after_invalid_steps", "0")
+    assert never.generate_samples()[0] == [] and never.invalid_groups == 10
+    later = {"p0": [rated(4), rated(6), rated(5), rated(5)], **{f"p{i}": [DOWN] * 4 for i in range(1, 10)}}
+    recovered, _ = _generator(ClassmateSamplesGenerator, later, "--classmate.stop_after_invalid_steps", "1")
+    samples = recovered.generate_samples()[0]
+    assert len(samples) == 4 and recovered.invalid_groups == 9
+
+
+def test_filter_decision():
+    assert filter_decision([10.0, 10.0, 0.0, 0.0], [True, True, False, False], (2, 9)) == OUT_OF_RANGE
+    assert filter_decision([3.0, 5.0, 0.0, 0.0], [True, True, False, False], (2, 9)) == KEEP
+    assert filter_decision([0.0] * 4, [False] * 4, (-1, 1)) == NO_VALID_SCORE  # 0 would be inside the range
+    assert filter_decision([2.0, 2.0], [True, True], (2, 9)) == OUT_OF_RANGE  # open interval, as upstream

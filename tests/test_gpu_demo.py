@@ -1,0 +1,353 @@
+"""The GPU demo (``python -m openrlhf_classmate.demo --gpu``, issue 25): its world, tokenizer and model shapes, the
+launcher flags it sends (parsed by the launcher's own parser), the stage and budget machinery, the RL stage stopped
+after a checkpoint and resumed (a stand-in launcher), the metrics it records (the train-inference mismatch included),
+and, once end to end on CPU (``--gpu --tiny``, HF engines, the real launcher): a call stopped by its budget, the next
+one doing the rest, a third that redoes nothing.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from openrlhf_classmate.demo import gpu_world as G
+from openrlhf_classmate.demo import stages as ST
+from openrlhf_classmate.demo import world as W
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ── world, tokenizer, models ──
+
+@pytest.fixture(scope="module")
+def tok():
+    return G.build_tokenizer(0)
+
+
+def test_the_cpu_world_is_unchanged_for_a_seed():
+    # the Spec refactor must not move the embedded demo's problems or traces (its README numbers come from them)
+    train, held = W.make_splits(0, 2500, 200)
+    assert [p.text for p in held[:2]] == ["4 + 4 - 3 - 4 = ?", "4 + 3 + 5 + 3 = ?"]
+    assert train[-1].text == "4 + 4 - 2 + 5 = ?"
+    rng = random.Random(1)
+    assert [W.sample_trace(held[0], rng, W.WorldConfig()) for _ in range(3)] == [
+        ("4 + 4 = 8 - 3 = 5 - 4 = 1", "1"), ("4 + 4 = 8 - 3 = 5", "1"), ("4 + 4 = 10 - 3 = 7 - 4 = 3", "3")]
+
+
+def test_the_gpu_world_is_harder():
+    train, held = W.make_splits(0, 2000, 200, G.SPEC)
+    problems = train + held
+    lengths = {len(p.steps) + 1 for p in problems}
+    assert lengths == {6, 7, 8}
+    assert max(p.answer for p in problems) > 50 and all(0 <= p.answer <= G.SPEC.max_result for p in problems)
+    rng = random.Random(0)
+    styles = [W.sample_trace(p, rng, G.TRACES, style="full", spec=G.SPEC) for p in problems[:500]]
+    wrong = sum(cot.split()[4::4] != [str(v) for v in _running(p)] for p, (cot, _) in zip(problems, styles))
+    assert 0.3 < wrong / 500 < 0.7  # 12% per written step over 5-7 steps: about half the full chains hold a slip
+
+
+def _running(problem):
+    value, out = problem.first, []
+    for op, d in problem.steps:
+        value = W.apply(value, op, d)
+        out.append(str(value))
+    return out
+
+
+def test_bpe_tokenizer_numbers_are_several_tokens_and_the_think_tags_one_id_each(tok):
+    ids = tok.encode("<think> 37 + 45 = 82 </think> 82", add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in ids]
+    assert pieces[:4] == ["<think>", " ", "3", "7"] and pieces.count("</think>") == 1
+    assert len(tok.encode("182", add_special_tokens=False)) == 3
+    assert tok.decode(ids) == "<think> 37 + 45 = 82 </think> 82"  # byte-level: exact round trip
+    text = tok.apply_chat_template([{"role": "user", "content": "1 + 2 = ?"}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert text == "<|im_start|>user\n1 + 2 = ?<|im_end|>\n<|im_start|>assistant\n"
+    assert G.stop_ids(tok) == [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+
+
+def test_model_sizes_and_head_dimensions(tok):
+    import torch
+
+    G.FULL_SIZES.check_head_dims()
+    G.TINY_SIZES.check_head_dims()
+    with pytest.raises(ValueError, match="head dimension"):
+        G.Sizes(main=G.FULL_SIZES.main, classmate=G.ModelSize(96, 2, 3)).check_head_dims()  # 32
+    with torch.device("meta"):
+        main, classmate = G.new_models(tok, G.FULL_SIZES, seed=0)
+    main_params = sum(p.numel() for p in main.parameters())
+    classmate_params = sum(p.numel() for p in classmate.parameters())
+    assert 20e6 <= main_params <= 30e6 and 5e6 <= classmate_params <= 10e6, (main_params, classmate_params)
+    assert main.config.model_type == "llama" and main.config.eos_token_id == G.stop_ids(tok)
+
+
+# ── flags ──
+
+def _parse_demo(argv):
+    from openrlhf_classmate.demo.cli import parse_args
+
+    return parse_args(argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tiny"], "--tiny belongs to the GPU demo: add --gpu"),
+    (["--budget-s", "100"], "--budget-s belongs to the GPU demo"),
+    (["--gpu", "--quick"], "--quick is the CPU demo's short run"),
+    (["--gpu", "--eval-every", "5"], "--eval-every: the GPU demo evaluates before and after"),
+    (["--gpu", "--engine", "hf"], "--engine hf runs the tiny CPU check only"),
+    (["--gpu", "--tiny", "--engine", "hf", "--eval-backend", "vllm"], "the CPU check has no vLLM"),
+    (["--gpu", "--budget-s", "0"], "--budget-s must be > 0"),
+    (["--gpu", "--tiny", "--enforce-eager"], "--enforce-eager is for vLLM engines"),
+])
+def test_misused_flags_are_refused_with_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        _parse_demo(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_later_call_with_other_settings_is_refused(tmp_path):
+    from openrlhf_classmate.demo import gpu
+
+    first = gpu.settings_from_args(_parse_demo(["--gpu", "--tiny"]))
+    gpu._check_settings(str(tmp_path), first)
+    gpu._check_settings(str(tmp_path), first)  # the same settings go on
+    other = gpu.settings_from_args(_parse_demo(["--gpu", "--tiny", "--compare-grpo", "--lr", "3e-4"]))
+    with pytest.raises(SystemExit, match=r"other settings \(compare_grpo, rl differ\).*--fresh"):
+        gpu._check_settings(str(tmp_path), other)
+    # the evaluations' backend may change from one call to the next (each evaluation records its own)
+    full = gpu.settings_from_args(_parse_demo(["--gpu"]))
+    gpu._check_settings(str(tmp_path / "full"), full)
+    gpu._check_settings(str(tmp_path / "full"), gpu.settings_from_args(_parse_demo(["--gpu", "--eval-backend", "hf"])))
+
+
+@pytest.mark.parametrize("classmate", [True, False])
+def test_launcher_flags_are_the_production_layout(classmate):
+    from openrlhf_classmate.demo import gpu
+    from openrlhf_classmate.demo.launch import gpu_launcher_argv
+    from openrlhf_classmate.integration.args import parse_args
+
+    s = gpu.FULL
+    argv = gpu_launcher_argv("/tmp/run", "policy", "train.jsonl", s.rl, 0, "classmate" if classmate else None,
+                             engine="vllm", max_len=s.max_len)
+    args = parse_args(argv)
+    assert args.train.colocate_all and args.vllm.enable_sleep and not args.vllm.enforce_eager
+    assert args.vllm.sync_backend == "nccl" and args.engine.backend == "vllm"  # CUDA IPC under colocate_all
+    assert args.rollout.batch_size == 64 and args.rollout.n_samples_per_prompt == 8
+    assert args.train.batch_size == 512 and args.data.max_samples == 100 * 64  # 100 steps, one optimizer step each
+    assert args.ckpt.load_enable and args.ckpt.save_steps == 10 and not args.ckpt.disable_ds
+    assert args.data.max_len == s.max_len >= 41 + s.rl.max_new_tokens
+    eager = parse_args(gpu_launcher_argv("/tmp/run", "policy", "train.jsonl", s.rl, 0, None, engine="vllm",
+                                         max_len=s.max_len, enforce_eager=True))
+    assert eager.vllm.enforce_eager
+    if classmate:
+        assert args.classmate.estimator == "gdpo" and args.classmate.placement == "colocate"
+        assert args.vllm.gpu_memory_utilization + args.classmate.gpu_memory_utilization < 1
+    else:
+        assert args.algo.advantage.estimator == "group_norm" and not args.classmate.model_name_or_path
+
+
+# ── stages and budget ──
+
+def test_decide():
+    assert ST.decide(50, left_s=60, budget_s=500, min_part_s=None) == "run"
+    assert ST.decide(100, left_s=60, budget_s=500, min_part_s=30) == "wait"  # fits in a fresh call: wait for it
+    assert ST.decide(900, left_s=300, budget_s=500, min_part_s=30) == "part"  # never fits: start a part now ...
+    assert ST.decide(900, left_s=200, budget_s=500, min_part_s=30) == "wait"  # ... unless a fresh call does twice
+    assert ST.decide(900, left_s=20, budget_s=500, min_part_s=30) == "wait"
+
+
+def test_stages_run_in_order_within_the_budget_and_never_twice(tmp_path):
+    out, ran = str(tmp_path), []
+
+    def stage(name, estimate):
+        def run(deadline):
+            ran.append((name, deadline - time.time()))
+            ST.mark_done(out, name, {"ok": True})
+            return True
+        return ST.Stage(name, name, lambda: estimate, run)
+
+    stages = [stage("a", 5), stage("b", 5), stage("c", 50)]
+    lines = []
+    assert ST.run_stages(stages, out, 30, ST.Timings(out), margin_s=0, log=lines.append) == ST.EXIT_UNFINISHED
+    assert [n for n, _ in ran] == ["a", "b"] and 29 < ran[0][1] <= 30
+    assert any("stopping before 'c'" in line and "Left: c ~0:50" in line for line in lines)
+    assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == 0
+    assert [n for n, _ in ran] == ["a", "b", "c"]
+    assert ST.run_stages(stages, out, 1, ST.Timings(out), log=lines.append) == 0 and len(ran) == 3
+    assert lines[-1] == "every stage is done"
+    assert set(ST.Timings(out).data) == {"a", "b", "c"}
+
+
+def test_checkpoint_step_reads_only_complete_checkpoints(tmp_path):
+    import torch
+
+    from openrlhf_classmate.demo.rl_stage import checkpoint_step
+
+    actor = tmp_path / "ckpt" / "_actor"
+    assert checkpoint_step(str(tmp_path)) == 0
+    for step in (2, 4):
+        tag = actor / f"global_step{step}"
+        tag.mkdir(parents=True)
+        for kind in ("model", "optim"):
+            torch.save({"x": torch.zeros(2)}, tag / f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt")
+    (actor / "latest").write_text("global_step4")
+    assert checkpoint_step(str(tmp_path)) == 4
+    (actor / "global_step4" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"cut")  # a torn save
+    assert checkpoint_step(str(tmp_path)) == 2
+
+
+STAND_IN = r"""
+import json, os, sys, time, zipfile
+run_dir, steps, save_every, step_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+actor = os.path.join(run_dir, "ckpt", "_actor")
+latest = os.path.join(actor, "latest")
+start = int(open(latest).read().removeprefix("global_step")) if os.path.exists(latest) else 0
+print("starting, resuming from", start, flush=True)
+for step in range(start + 1, steps + 1):
+    time.sleep(step_s)
+    print(f"(PPOTrainer pid=1) Global step {step}: {{'reward': {step / 100}}}", flush=True)
+    if step % save_every == 0:
+        tag = os.path.join(actor, f"global_step{step}")
+        os.makedirs(tag)
+        for kind in ("model", "optim"):  # zip files with an entry, as torch.save writes them
+            with zipfile.ZipFile(os.path.join(tag, f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt"), "w") as z:
+                z.writestr("data.pkl", b"x")
+        with open(latest, "w") as f:
+            f.write(f"global_step{step}")
+os.makedirs(os.path.join(run_dir, "final"))
+open(os.path.join(run_dir, "final", "config.json"), "w").write("{}")
+open(os.path.join(run_dir, "final", "model.safetensors"), "w").write("")
+"""
+
+
+def test_stop_reason():
+    from openrlhf_classmate.demo.rl_stage import stop_reason
+
+    # 10 steps of 3 s to the next checkpoint
+    assert stop_reason(20, 0, 100, 10, 3.0, left_s=31, max_new_steps=None) == ""
+    assert "would not be written" in stop_reason(20, 0, 100, 10, 3.0, left_s=29, max_new_steps=None)
+    assert stop_reason(100, 0, 100, 10, 3.0, left_s=1, max_new_steps=None) == ""  # the final save follows
+    assert "2 new steps" in stop_reason(4, 2, 10, 2, 3.0, left_s=1e9, max_new_steps=2)
+    assert stop_reason(4, 2, 10, 2, 3.0, left_s=1e9, max_new_steps=3) == ""
+
+
+def test_an_rl_run_stops_after_the_last_checkpoint_that_fits_and_resumes_there(tmp_path):
+    # the monitor's logic (checkpoints, deadline, resume, parsed lines) with a stand-in for the launcher that writes
+    # a checkpoint every 4 steps of 0.3 s; the real launcher's stop and resume: the slow test below
+    from openrlhf_classmate.demo import rl_stage as RL
+    from openrlhf_classmate.testing import e2e  # noqa: F401  (run() imports it: not inside the timed part)
+
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    run_dir = str(tmp_path / "run")
+    argv = [run_dir, "40", "4", "0.3"]
+    seen = []
+    t0 = time.time()
+    first = RL.run(run_dir, argv, steps=40, save_every=4, deadline=t0 + 6.0, kill_grace_s=0.5,
+                   program=[sys.executable, str(script)], on_step=lambda step, status, _: seen.append(step))
+    # stopped after a complete checkpoint (about step 16 on an idle machine), before the deadline
+    assert not first.finished and first.step in (4, 8, 12, 16, 20) and time.time() - t0 < 6.0, first
+    assert first.stopped and RL.checkpoint_step(run_dir) == first.step
+    assert first.step_s == pytest.approx(0.3, abs=0.25)
+    second = RL.run(run_dir, argv, steps=40, save_every=4, deadline=time.time() + 60, kill_grace_s=0.5,
+                    program=[sys.executable, str(script)], on_step=lambda step, status, _: seen.append(step))
+    assert second.finished and second.started_at == first.step and second.step == 40
+    assert seen[-(40 - first.step):] == list(range(first.step + 1, 41))  # resumed after the checkpoint
+    logged = RL.read_steps(run_dir)
+    assert sorted(logged) == list(range(1, 41)) and logged[40] == {"reward": 0.4}
+    with open(os.path.join(run_dir, "launcher.log")) as f:
+        log = f.read()
+    assert log.count("===== launcher started") == 2 and "[demo] launcher stopped:" in log
+    # past the deadline itself the run stops wherever it is (here before its first checkpoint)
+    third = RL.run(str(tmp_path / "late"), [str(tmp_path / "late"), "20", "4", "0.3"], steps=20, save_every=4,
+                   deadline=time.time() + 1.0, kill_grace_s=0.5, program=[sys.executable, str(script)])
+    assert not third.finished and third.step == 0 and "ran out" in third.stopped
+    # a first checkpoint cut short: nothing to resume from, so the next call starts afresh (the launcher would refuse
+    # a checkpoint folder without a complete tag)
+    torn = tmp_path / "late" / "ckpt" / "_actor" / "global_step4"
+    torn.mkdir(parents=True, exist_ok=True)
+    (torn / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"cut")
+    fourth = RL.run(str(tmp_path / "late"), [str(tmp_path / "late"), "8", "4", "0.05"], steps=8, save_every=4,
+                    deadline=time.time() + 60, kill_grace_s=0.5, program=[sys.executable, str(script)])
+    assert fourth.finished and fourth.started_at == 0 and RL.checkpoint_step(str(tmp_path / "late")) == 8
+    assert "no complete checkpoint in it" in (tmp_path / "late" / "launcher.log").read_text()
+
+
+# ── metrics ──
+
+def test_metrics_rows_take_every_step_and_the_mismatch_metrics():
+    from openrlhf_classmate.demo.launch import parse_step_line
+    from openrlhf_classmate.demo.report import step_line, step_rows
+
+    step, status = parse_step_line("(PPOTrainer pid=7) ✨ Global step 3: {'reward': 0.5, 'classmate/reward': nan, "
+                                   "'mismatch/logprob_abs_diff_mean': 0.0021, 'mismatch/kl_k3': 1e-05}")
+    assert step == 3 and status["classmate/reward"] is None
+    assert step_line("classmate", 3, 4, status) == ("step   3/4  main reward 0.50  classmate reward nan  CoT  nan tok"
+                                                    "  |dlogp| 2.1e-03")
+    scalars = {"train/reward": {1: 0.1, 2: 0.2, 3: 0.3}, "train/mismatch/logprob_abs_diff_max": {1: 0.5},
+               "train/other": {1: 1.0}}
+    parsed = {3: status, 4: {"reward": 0.4}}  # step 4: logged before the run was stopped, never flushed
+    rows = step_rows("classmate", scalars, parsed, prefer_fallback=True)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["mismatch/logprob_abs_diff_max"] == 0.5 and "other" not in rows[0]
+    assert rows[2]["main_reward"] == 0.5  # the parsed line (newest) wins over the event file
+    assert rows[2]["mismatch/logprob_abs_diff_mean"] == 0.0021 and rows[2]["mismatch/kl_k3"] == 1e-05
+    assert "classmate_reward" not in rows[2]  # a non-finite value is no number
+    assert step_rows("classmate", scalars, parsed)[2]["main_reward"] == 0.3
+
+
+# ── end to end on CPU ──
+
+def _demo(out: str, *extra: str) -> tuple[int, str, float]:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_classmate.demo", "--gpu", "--tiny", "--output-dir", out,
+                           *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    return proc.returncode, proc.stdout + proc.stderr, time.time() - t0
+
+
+@pytest.mark.slow
+def test_tiny_gpu_demo_on_cpu_runs_its_stages_across_calls_and_redoes_nothing(tmp_path):
+    # One launcher start (~50 s of the test): the RL stage's stop at a checkpoint and resume are checked with a
+    # stand-in above, and the launcher's own resume by tests/test_faults_cpu.py.
+    out = str(tmp_path / "demo")
+    # call 1: the budget holds the warm start (estimated 30 s on CPU) but not the RL stage: the call stops before it
+    code, log, _ = _demo(out, "--budget-s", "45")
+    assert code == ST.EXIT_UNFINISHED, log[-4000:]
+    assert "stopping before" in log and "Run the same command again" in log and "Left: " in log, log[-3000:]
+    assert ST.is_done(out, "warmstart") and not ST.is_done(out, "rl_classmate")
+    assert not os.path.exists(os.path.join(out, "runs"))
+
+    # call 2: the rest, from where call 1 stopped
+    code, log, _ = _demo(out)
+    assert code == 0, log[-4000:]
+    assert "already done (not run again): warmstart" in log and "[warmstart]" not in log
+    assert "step   4/4" in log and "every stage is done" in log
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and {r["run"] for r in rows} == {"classmate"}
+    assert all(isinstance(r["main_reward"], float) and isinstance(r["cot_tokens"], float) for r in rows)
+    # the train-inference mismatch, every step: bf16 rounding only (bf16 actor vs fp32 HF engine, as test_e2e_cpu)
+    for row in rows:
+        assert 0 < row["mismatch/logprob_abs_diff_mean"] < 0.02 and row["mismatch/kl_k3"] < 1e-3, row
+        assert row["mismatch/logprob_abs_diff_max"] >= row["mismatch/logprob_abs_diff_mean"], row
+    assert open(os.path.join(out, "curves.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    summary_md = open(os.path.join(out, "summary.md")).read()
+    for text in ("| main accuracy |", "| classmate accuracy |", "| rl_classmate |", "acceptance check"):
+        assert text in summary_md
+    for name in ("eval_before.jsonl", "eval_after_classmate.jsonl"):
+        assert len(open(os.path.join(out, name)).readlines()) == 6 * 2
+    command = open(os.path.join(out, "runs/classmate/command.txt")).read()
+    assert "--train.colocate_all" in command and "--ckpt.load_enable" in command
+    assert open(os.path.join(out, "runs/classmate/ckpt/_actor/latest")).read().strip() == "global_step4"
+    markers = {n: os.path.getmtime(ST.marker_path(out, n)) for n in ("warmstart", "rl_classmate", "report")}
+
+    # call 3: everything is done; nothing runs (not even an import of torch)
+    code, log, seconds = _demo(out)
+    assert code == 0 and "every stage is done" in log and "[warmstart]" not in log, log
+    assert {n: os.path.getmtime(ST.marker_path(out, n)) for n in markers} == markers
+    assert seconds < 30
