@@ -84,15 +84,18 @@ def test_deepspeeds_multi_parameter_gather_races_on_cpu_and_our_config_avoids_it
 @pytest.mark.slow
 def test_the_reference_actor_checks_its_zero3_load_on_two_ranks(tmp_path):
     """Upstream's ReferenceModelActor through our subclass and strategy, ZeRO-3 on two gloo ranks, a Qwen2 model
-    (q/k/v biases: the multi-parameter gathers that raced): the check passes on every load; NaN written into rank
-    1's partition of one weight is then named by both ranks in the same one-line error."""
+    (q/k/v biases: the multi-parameter gathers that raced), with ``--logprobs.chunked`` (the check composes with the
+    chunked Actor): the check passes on every load; NaN written into rank 1's partition of one weight is then named
+    by both ranks in the same one-line error."""
     from bench.vrcli_reward import make_model
 
     make_model(str(tmp_path), "tiny", 48)
     name = "model.layers.0.self_attn.v_proj.weight"
     results = run_ranks("openrlhf_classmate.testing.zero3_scenarios:reference_load", 2,
-                        {"model_dir": str(tmp_path), "loads": 2, "corrupt": name})
+                        {"model_dir": str(tmp_path), "loads": 2, "corrupt": name,
+                         "extra": ["--logprobs.chunked", "--logprobs.chunk_size", "16"]})
     for r in results:
+        assert r["classes"][:3] == ["ChunkedLogprobActor", "LoadCheckedActor", "ChunkedLogprobActor"], r["classes"]
         assert r["stage3_allgather_sequential"] is True
         assert r["error"].startswith(f"error: the weights loaded from {tmp_path} are not the checkpoint's: "
                                      f"parameter {name}")

@@ -48,10 +48,12 @@ def gather_race(rank: int, world_size: int, *, rounds: int = 20) -> dict:
     return result
 
 
-def reference_load(rank: int, world_size: int, *, model_dir: str, loads: int = 1, corrupt: str | None = None) -> dict:
+def reference_load(rank: int, world_size: int, *, model_dir: str, loads: int = 1, corrupt: str | None = None,
+                   extra: list[str] | None = None) -> dict:
     """``loads`` fresh loads through our reference actor (upstream's ``ReferenceModelActor`` + the weight check) with
-    our strategy at ZeRO-3; then, with ``corrupt`` (a parameter name), NaN written into rank 1's partition of it and
-    the weight check run again. Returns the check lines and the error of the corrupted check."""
+    our strategy at ZeRO-3 and the flags ``extra``; then, with ``corrupt`` (a parameter name), NaN written into rank
+    1's partition of it and the weight check run again. Returns the load times, the classes upstream built and the
+    error of the corrupted check."""
     from openrlhf_classmate.errors import TrainingStopped
     from openrlhf_classmate.integration import patches
     from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
@@ -66,7 +68,7 @@ def reference_load(rank: int, world_size: int, *, model_dir: str, loads: int = 1
         "--vllm.num_engines", "0", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "1",
         "--train.batch_size", str(world_size), "--train.micro_batch_size", "1", "--ds.zero_stage", "3",
         "--ds.param_dtype", "bf16", "--ds.attn_implementation", "sdpa", "--algo.kl.init_coef", "0.001",
-        "--algo.advantage.estimator", "reinforce", "--engine.backend", "hf",
+        "--algo.advantage.estimator", "reinforce", "--engine.backend", "hf", *(extra or []),
     ])
     strategy = get_strategy(args)
     result: dict = {"seconds": []}
@@ -75,6 +77,7 @@ def reference_load(rank: int, world_size: int, *, model_dir: str, loads: int = 1
         start = time.perf_counter()
         actor.init_model_from_pretrained(strategy, model_dir)
         result["seconds"].append(time.perf_counter() - start)
+    result["classes"] = [c.__name__ for c in type(actor.model).__mro__ if c.__module__.startswith("openrlhf")]
     result["stage3_allgather_sequential"] = strategy.get_ds_eval_config()["zero_optimization"].get(
         "stage3_allgather_sequential", False)
     if corrupt:
