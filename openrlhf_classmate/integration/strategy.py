@@ -39,24 +39,26 @@ from openrlhf_classmate.integration.checkpoints import (
 def safe_gathers(ds_config: dict) -> dict:
     """Turn on ZeRO-3's ``stage3_allgather_sequential`` where DeepSpeed's blocking multi-parameter gather is unsafe.
 
-    DeepSpeed 0.19.6 ``Init._allgather_params_coalesced`` (the gather of a ``GatheredParameters`` context over two or
-    more parameters) starts one asynchronous all-gather per parameter and waits on the *last* handle only, trusting
-    that the others finished before it, and skips the device synchronise where the accelerator reports a
-    synchronized device. That holds for NCCL (one CUDA stream, in order) but not for gloo on the CPU accelerator,
-    which runs asynchronous collectives on a pool of worker threads: the body of the context can run while an
-    earlier parameter's all-gather is still writing into it. transformers' ZeRO-3 loader
-    (``_load_state_dict_into_zero3_model``) gathers each module's parameters together (weight + bias: Qwen2's
-    q/k/v projections), rank 0 copies the checkpoint in, and the late all-gather then overwrites part of it with the
-    partitions as they were, uninitialised memory (transformers skips the random init of weights it will load);
-    the broadcast that ends the context sends that to every rank. Our own ``hf_engine_state_dict`` gathers all
-    parameters at once and could read half-gathered tensors the same way. With the flag, every blocking gather
-    goes through ``_allgather_params_sequential``, one synchronous all-gather per parameter (issue 23, item 5;
-    ``tests/test_weight_check.py`` reproduces the defect and checks the fix). GPUs are left unchanged.
+    The cause (DeepSpeed's, not ours): DeepSpeed 0.19.6 ``Init._allgather_params_coalesced`` (the gather of a
+    ``GatheredParameters`` context over two or more parameters, and of a module's parameters in the forward) starts
+    one asynchronous all-gather per parameter, waits on the *last* handle only ("ensures the operation is enqueued")
+    and calls ``accelerator.synchronize()`` only where ``resolves_data_dependency()`` is False. On CUDA that
+    synchronise orders everything (NCCL runs the gathers in order on one stream); DeepSpeed's CPU accelerator says
+    True and ``synchronize`` is a no-op there, while gloo runs asynchronous collectives on a pool of worker threads
+    that finish out of order (two plain ``torch.distributed`` gloo ranks: waiting on the second of two async
+    all-gathers left the first unfinished in 10 of 20 rounds). The context's body then runs while an earlier
+    parameter's all-gather is still writing into it. transformers' ZeRO-3 loader (``_load_state_dict_into_zero3_model``)
+    gathers each module's parameters together (weight + bias: Qwen2's q/k/v projections), rank 0 copies the
+    checkpoint in, the late all-gather overwrites it with the partitions as they were (uninitialised memory:
+    transformers skips the random init of weights it will load), and the broadcast that ends the context sends that
+    to every rank. With the flag every gather goes through ``_allgather_params_sequential`` / the sequential fetch,
+    one synchronous all-gather per parameter. Where the accelerator synchronises (GPUs) the config is unchanged.
+    Issue 23, item 5; ``tests/test_weight_check.py`` reproduces the race and checks the fix.
     """
     from deepspeed.accelerator import get_accelerator
 
     zero = ds_config.get("zero_optimization", {})
-    if zero.get("stage") == 3 and get_accelerator().is_synchronized_device():
+    if zero.get("stage") == 3 and get_accelerator().resolves_data_dependency():
         zero["stage3_allgather_sequential"] = True
     return ds_config
 
