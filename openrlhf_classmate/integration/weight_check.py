@@ -1,8 +1,7 @@
 """Check, once per model load, that the weights in memory are the checkpoint's (issue 23, item 5).
 
-A ZeRO-3 load on DeepSpeed's CPU accelerator once left uninitialised memory in a parameter (see
-:func:`openrlhf_classmate.integration.strategy.ResilientDeepspeedStrategy.get_ds_eval_config` for the cause and the
-fix): nothing failed, the reference model simply computed NaN or silently wrong log-probs. Since a loader defect of
+A ZeRO-3 load on DeepSpeed's CPU accelerator left uninitialised memory in parameters (a DeepSpeed gather defect:
+:func:`openrlhf_classmate.integration.strategy.safe_gathers` has the cause and the workaround): nothing failed, the reference model simply computed NaN or silently wrong log-probs. Since a loader defect of
 this kind can only be seen by comparing, every policy and reference model is compared with its safetensors files
 right after ``from_pretrained``, before DeepSpeed wraps it:
 
@@ -10,10 +9,9 @@ right after ``from_pretrained``, before DeepSpeed wraps it:
   compared byte for byte with the checkpoint tensor cast to the parameter's dtype (the cast the loader does);
 * every rank compares (each has the gathered tensor), so every rank stops with the same one-line error, naming the
   parameter and the model path;
-* cost: one read of the checkpoint (memory-mapped) and one all-gather of each parameter, the volume of one ZeRO-3
-  forward, and a byte compare: for a 0.5B model (Qwen2.5-0.5B's shape, bf16, 291 tensors, 1.2 GB) 3.2-3.7 s on
-  this project's 2-core CPU machine under a load average of 14 (an idle core compares several GB/s; on a GPU node
-  the gathers and the compare run on the device: an estimated second).
+* cost: one read of the checkpoint (memory-mapped), a byte compare, and under ZeRO-3 one all-gather of each
+  parameter (the volume of one ZeRO-3 forward): for Qwen2.5-0.5B's shape (290 tensors, 942 MiB bf16) 0.5-0.7 s
+  measured in one process on this project's 2-core CPU machine, plus the gathers under ZeRO-3.
 
 :class:`LoadCheckedActor` is upstream's ``Actor`` plus this check; ``integration.actor.install_worker_actor`` makes
 the policy and reference workers build it (combined with the chunked-log-prob ``Actor`` of ``--logprobs.chunked``).
