@@ -18,28 +18,22 @@ import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf)
 
 @contextlib.contextmanager
 def cpu_runtime(mp):
-    """``patches.install_cpu_runtime``'s patches, undone when ``mp`` (a pytest ``MonkeyPatch``) is."""
+    """``patches.install_cpu_runtime`` itself, undone when ``mp`` (a pytest ``MonkeyPatch``) is: every name it
+    rebinds is recorded in ``mp`` first."""
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
     import openrlhf.utils.deepspeed.deepspeed as ds_module
 
     from openrlhf_classmate.integration import patches
 
     mp.setenv("DS_ACCELERATOR", "cpu")
-    for name, value in (("current_device", lambda: "cpu"), ("synchronize", lambda *a, **k: None),
-                        ("set_device", lambda *a, **k: None), ("empty_cache", lambda *a, **k: None)):
-        mp.setattr(torch.cuda, name, value)
-    real_mesh = ds_module.init_device_mesh
-    mp.setattr(ds_module, "init_device_mesh", lambda device_type, *a, **k: real_mesh("cpu", *a, **k))
-    base = ppo_actor.NaiveReplayBuffer
-
-    class CpuReplayBuffer(base):
-        def __init__(self, *args, **kwargs):
-            with patches._cuda_device_index(0):
-                super().__init__(*args, **kwargs)
-            self.target_device = torch.device("cpu")
-
-    mp.setattr(ppo_actor, "NaiveReplayBuffer", CpuReplayBuffer)
+    for name in ("current_device", "synchronize", "set_device", "empty_cache"):
+        mp.setattr(torch.cuda, name, getattr(torch.cuda, name))
+    mp.setattr(ds_module, "init_device_mesh", ds_module.init_device_mesh)
+    for module in (ppo_actor, __import__("openrlhf.trainer.ray.launcher", fromlist=["Actor"])):
+        mp.setattr(module, "Actor", module.Actor)  # install_worker_actor rebinds it
+    mp.setattr(ppo_actor, "NaiveReplayBuffer", ppo_actor.NaiveReplayBuffer)
     mp.setattr(ppo_actor, "ActorPPOTrainer", ppo_actor.ActorPPOTrainer)  # install_actor_trainer rebinds it
+    patches.install_cpu_runtime()
     yield
 
 
@@ -54,7 +48,7 @@ def single_rank_world():
     import torch.distributed as dist
 
     from openrlhf_classmate.integration import patches
-    from openrlhf_classmate.testing.gloo_ranks import free_port
+    from openrlhf_classmate.sandbox.testing import free_port
 
     with pytest.MonkeyPatch.context() as mp, cpu_runtime(mp):
         patches.install_experience()

@@ -12,16 +12,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from openrlhf_classmate.sandbox.testing import free_port
 
 
 def run_ranks(target: str, world_size: int, kwargs: dict, timeout: float = 300) -> list[dict]:
