@@ -20,7 +20,7 @@ the actor/ref forwards); 2 GPUs = actor/ref on one GPU, policy and classmate eng
 ``share``: its generation overlaps the actor/ref forwards), NCCL weight sync across GPUs. GRPO runs the same layout
 without the classmate.
 
-Timings come from the launcher's own tensorboard scalars: upstream's ``timing/*`` (generation, make_experience,
+Timings come from the launcher's own per-step scalars (tensorboard; the interleaved run reads its step lines): upstream's ``timing/*`` (generation, make_experience,
 ppo_train, broadcast, step_total) and the classmate stage's ``classmate/*`` (stage_time, dispatch_time,
 generation_time, score_time, stage_overlap_time, actor_ref_forward_time). Writes ``step_time_<N>gpu.json`` to
 ``--out`` and prints the table with the GDPO / GRPO ratio against the 1.25x target.
@@ -49,6 +49,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
+from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
 
 TARGET = 1.25
@@ -184,6 +185,24 @@ def spread(values: list[float], digits: int | None = 3) -> dict | None:
     return {"median": r(statistics.median(values)), "min": r(min(values)), "max": r(max(values)), "n": len(values)}
 
 
+def launcher_step_scalars(log: str) -> dict[str, dict[int, float]]:
+    """``{"train/<tag>": {step: value}}`` from the controller's ``Global step N: {...}`` lines of a launcher log, the
+    shape ``tensorboard_scalars`` returns. Each line is printed as its step ends, so a run stopped by its time limit
+    keeps every step it finished (tensorboard's writer flushes every 120 s and loses the rest); non-finite values are
+    left out."""
+    out: dict[str, dict[int, float]] = {}
+    with open(log, errors="replace") as f:
+        for line in f:
+            parsed = parse_step_line(line)
+            if parsed is None:
+                continue
+            step, status = parsed
+            for tag, value in status.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out.setdefault(f"train/{tag}", {})[step] = float(value)
+    return out
+
+
 def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> dict:
     """Per-step timings of an interleaved run, split by step kind (``bench/classmate_step``: 1 = GDPO, 0 = GRPO).
 
@@ -225,11 +244,11 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
     if code != 0:
         row["log_tail"] = _tail(log, 60)
-        if not (interleave and os.path.isdir(os.path.join(root, "tb"))):
+        if not (interleave and launcher_step_scalars(log).get("train/timing/step_total")):
             return row
         # an interleaved run stopped by its time limit: the steps it logged are complete measurements
         row["partial"] = True
-    tb = tensorboard_scalars(os.path.join(root, "tb"))
+    tb = launcher_step_scalars(log) if interleave else tensorboard_scalars(os.path.join(root, "tb"))
     row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
     row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     if interleave:
@@ -302,8 +321,9 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
         row = {"run": "interleaved", "exit": None,
                "skipped": f"{left:.0f} s left of --budget-s, ~{a.run_estimate_s:.0f} s needed"}
     else:
-        row = _guarded_run("interleaved", a, policy, classmate, data, timeout=int(min(600, left - 10)),
-                           interleave=True)
+        # no 600 s cap here: a run started in its own session (setsid) may outlive one device call; --budget-s
+        # bounds it, and the steps it finished before its limit count (launcher_step_scalars)
+        row = _guarded_run("interleaved", a, policy, classmate, data, timeout=int(left - 10), interleave=True)
     row["call"] = len(calls) + 1
     calls.append(row)
     ratios = [c["ratio"] for c in calls if c.get("ratio")]

@@ -1,8 +1,9 @@
 """VR-CLI reward forwards per second: batched (our hook's path) vs one blocking call per sample (the release's path).
 
-A ``RayActorGroup`` of upstream's real ``ReferenceModelActor`` s (DeepSpeed, ZeRO-``--zero-stage``, bf16) holds a
-randomly initialised model of a real shape; ``--samples`` generator sequences of ``--seq-len`` tokens (lengths drawn
-from [3/4, 1] x seq-len, a fixed seed) each score their last ``--gold-len`` tokens. Two ways to get their mean NLLs:
+A ``RayActorGroup`` of our reference actors (upstream's real ``ReferenceModelActor`` with the launcher's strategy
+and load check; DeepSpeed, ZeRO-``--zero-stage``, bf16) holds a randomly initialised model of a real shape;
+``--samples`` generator sequences of ``--seq-len`` tokens (lengths drawn from [3/4, 1] x seq-len, a fixed seed)
+each score their last ``--gold-len`` tokens. Two ways to get their mean NLLs:
 
 * ``batched``: ``openrlhf_classmate.rewards.likelihood.gold_mean_nll`` through ``group_forward``, exactly what
   ``VrcliRewardHook`` runs: one ``async_run_method_batch`` call, micro-batches of at most ``--micro-batch-size`` rows
@@ -128,10 +129,11 @@ def main() -> None:
 
     import ray
     import torch
-    from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
-    from openrlhf.utils import get_strategy
+    from openrlhf.trainer.ray.launcher import RayActorGroup
 
     from openrlhf_classmate.cli.train_ppo_ray import init_ray
+    from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
+    from openrlhf_classmate.integration.strategy import get_strategy
     from openrlhf_classmate.rewards.likelihood import gold_mean_nll, group_forward
 
     model_dir = tempfile.mkdtemp(prefix="vrcli_bench_")
@@ -139,7 +141,10 @@ def main() -> None:
     args = build_args(model_dir, a)
     init_ray(args, {})
     strategy = get_strategy(args)
-    group = RayActorGroup(1, a.ranks, ReferenceModelActor, pg=None, num_gpus_per_actor=1)
+    # the launcher's strategy and reference actor: on CPU, ZeRO-3 loading needs the strategy's safe gathers (upstream's
+    # strategy loaded garbage into a weight in about 1 of 4 starts: the NaN this bench's test used to see)
+    group = RayActorGroup(1, a.ranks, ray.remote(num_gpus=1)(ClassmateReferenceModelActor), pg=None,
+                          num_gpus_per_actor=1)
     ray.get(group.async_init_model_from_pretrained(strategy, model_dir))
     items = make_items(a, PRESETS[a.preset]["vocab_size"])
     forward = group_forward(group)

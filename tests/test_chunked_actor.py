@@ -20,7 +20,6 @@ from openrlhf_classmate.integration.chunked_actor import (
     ChunkedLogprobActor,
     check_model_config,
     chunked_actor_class,
-    install_chunked_actor,
     validate_logprobs_args,
 )
 from openrlhf_classmate.testing.tiny_models import ragged_batch, save_random_lm
@@ -212,13 +211,18 @@ def test_the_workers_build_the_chunked_actor_only_when_asked(monkeypatch):
     import openrlhf.trainer.ray.launcher as launcher
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
+    from openrlhf_classmate.integration.actor import install_worker_actor
+    from openrlhf_classmate.integration.weight_check import LoadCheckedActor
+
     monkeypatch.setattr(ppo_actor, "Actor", Actor)
     monkeypatch.setattr(launcher, "Actor", Actor)
-    assert not install_chunked_actor(parse_args(BASE))
-    assert ppo_actor.Actor is Actor and launcher.Actor is Actor
-    assert install_chunked_actor(parse_args(BASE + ["--logprobs.chunked", "--logprobs.chunk_size", "64"]))
+    assert not install_worker_actor(parse_args(BASE))
+    for module in (ppo_actor, launcher):  # upstream's Actor with the load check only
+        assert module.Actor is LoadCheckedActor and not issubclass(module.Actor, ChunkedLogprobActor)
+    assert install_worker_actor(parse_args(BASE + ["--logprobs.chunked", "--logprobs.chunk_size", "64"]))
     for module in (ppo_actor, launcher):
         assert issubclass(module.Actor, ChunkedLogprobActor) and module.Actor.chunk_size == 64
+        assert issubclass(module.Actor, LoadCheckedActor)
     monkeypatch.delattr(launcher, "Actor")
     with pytest.raises(patches.UpstreamChangedError, match="launcher"):
         patches.install_actor_model(chunked_actor_class(8))

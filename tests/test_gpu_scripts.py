@@ -167,6 +167,25 @@ def test_interleaved_step_times_split_by_kind_with_medians_and_pairs():
     assert out["paired"] == {"median": 1.3, "min": round(24 / 19, 3), "max": round(28 / 21, 3), "n": 3}
 
 
+def test_interleaved_step_times_come_from_the_launchers_step_lines(tmp_path):
+    # a run stopped by its time limit keeps every step it printed (tensorboard only flushes every 120 s: the killed
+    # run of the H100 call kept 3 of its 8 steps); the step lines are what upstream's controller prints per step
+    step_time = _bench("step_time")
+    log = tmp_path / "launcher.log"
+    lines = ["(pid=1) starting", "\x1b[36m(ClassmatePPOTrainer pid=3768)\x1b[0m INFO ppo_trainer.py:551] Global step 1: "
+             "{'bench/classmate_step': 1.0, 'timing/step_total': 50.0, 'classmate/stage_time': 9.0, 'kl': nan}"]
+    lines += [f"(ClassmatePPOTrainer pid=3768) Global step {s}: {{'bench/classmate_step': {float(s % 2)}, "
+              f"'timing/step_total': {20.0 + s}}}" for s in range(2, 9)]
+    log.write_text("\n".join(lines + ["Global step 9: {'bench/classmate_step': 1.0, 'timing/step_to"]) + "\n")
+    tb = step_time.launcher_step_scalars(str(log))
+    assert tb["train/timing/step_total"] == {1: 50.0, **{s: 20.0 + s for s in range(2, 9)}}  # the cut line is left out
+    assert tb["train/bench/classmate_step"][7] == 1.0 and tb["train/classmate/stage_time"] == {1: 9.0}
+    assert "train/kl" not in tb  # a non-finite value is not a measurement
+    out = step_time.split_interleaved(tb)
+    assert out["gdpo"]["steps"] == [3, 5, 7] and out["grpo"]["steps"] == [4, 6, 8]
+    assert out["paired"]["median"] == round(25.0 / 26.0, 3)
+
+
 def test_vllm_logprobs_overhead_needs_a_real_vllm():
     # it times vLLM's own output path; under the CPU shim it says so in one line instead of failing half-way
     res = subprocess.run([sys.executable, "bench/vllm_logprobs_overhead.py", "--tokenizer", "none"], cwd=REPO,

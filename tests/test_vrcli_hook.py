@@ -268,6 +268,56 @@ def test_missing_plan_whole_scores_the_whole_response_as_released(world, fake_ra
     assert m["vrcli/no_plan"] == 2 and m["vrcli/invalid"] == 2
 
 
+def _nan_on_token(world, word: str):
+    """The world's generator with a NaN embedding row for ``word``: every position from that token on has NaN
+    log-probs (what garbage reference weights give), sequences without it are unchanged."""
+    import copy
+
+    from openrlhf.models import Actor
+
+    model = copy.deepcopy(world.actor.model)
+    with torch.no_grad():
+        model.transformer.wte.weight[world.tok.convert_tokens_to_ids(word)] = float("nan")
+    actor = Actor(model)
+    actor.packing_samples = False
+    return SimpleNamespace(initial_model_group=in_process_reference_group(actor))
+
+
+@pytest.mark.parametrize("mapping", ["ladder", "binary", "clipped"])
+def test_a_non_finite_nll_makes_the_sample_invalid_in_every_mapping(world, fake_ray, mapping):
+    """A NaN plan NLL used to become ladder 0 / binary 1 / clipped NaN, a valid reward (issue 23, item 4)."""
+    label = world.labels[0]
+    c = _colour(label)
+    samples = [_sample(world.tok, label, f"In summary: {c}"), _sample(world.tok, label, "In summary: three"),
+               _sample(world.tok, label, f"In summary: {_other(c)}")]
+    m = _hook(world, mapping=mapping)(_nan_on_token(world, "three"), samples)
+    assert [float(s.info["main_valid"][0]) for s in samples] == [1.0, 0.0, 1.0]
+    assert all(torch.isfinite(s.rewards).all() for s in samples) and float(samples[1].rewards[0]) == 0.0
+    assert m["vrcli/invalid_nonfinite"] == 1 and m["vrcli/invalid"] == 1
+    assert sum(m[k] for k in m if k.startswith("vrcli/ladder_n_")) == 2  # the NaN row is in no bucket
+    assert all(v == v for v in m.values())  # no NaN in any logged statistic
+
+
+def test_a_non_finite_online_baseline_makes_its_rows_invalid_and_is_not_cached(world, fake_ray):
+    label = json.loads(json.dumps(world.labels[1]))
+    label["ground_truth"] += " three"  # in the gold chapter: the baseline (and every plan) NLL is NaN
+    hook = _hook(world)
+    group = _nan_on_token(world, "three")
+    for _ in range(2):
+        samples = [_sample(world.tok, label, f"In summary: {_colour(label)}") for _ in range(2)]
+        m = hook(group, samples)
+        assert [float(s.info["main_valid"][0]) for s in samples] == [0.0, 0.0]
+        assert m["vrcli/invalid_nonfinite"] == 2 and m["vrcli/baseline_forwards"] == 1  # tried again, not cached
+    assert hook.baseline_cache == {}
+
+
+def test_perplexity_of_a_huge_nll_is_inf_not_an_error():
+    from openrlhf_classmate.algo.vrcli_reward import perplexity
+
+    assert perplexity(1000.0) == float("inf") and perplexity(0.0) == 1.0
+    assert perplexity(float("nan")) != perplexity(float("nan"))
+
+
 def test_a_bad_label_stops_the_run_with_one_line(world, fake_ray):
     label = dict(world.labels[0])
     del label["datapoint_id"]

@@ -60,7 +60,11 @@ def mean_nll(action_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
 
 
 def perplexity(nll: float) -> float:
-    return math.exp(nll)
+    """``exp(nll)``; ``inf`` past float range (a garbage NLL must not raise) and ``nan`` for a NaN NLL."""
+    try:
+        return math.exp(nll)
+    except OverflowError:
+        return math.inf
 
 
 def improvement(ppl_base: float, ppl_plan: float) -> float:

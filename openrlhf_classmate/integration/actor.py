@@ -1,5 +1,6 @@
 """Policy actor side: ``ClassmatePolicyModelActor`` and its trainer ``ClassmateActorPPOTrainer``; the reference
-worker ``ClassmateReferenceModelActor``. Both workers build the chunked-log-prob ``Actor`` with ``--logprobs.chunked``
+worker ``ClassmateReferenceModelActor``. Both workers build an ``Actor`` that compares its loaded weights with the
+checkpoint (``integration/weight_check.py``), chunked-log-prob with ``--logprobs.chunked``
 (``integration/chunked_actor.py``).
 
 Upstream's ``training_step`` calls ``self.actor_loss_fn(log_probs, old_log_probs, advantages, action_mask=...,
@@ -7,19 +8,23 @@ rollout_log_probs=..., **loss_batch_info)`` and never passes the rest of the mic
 keeps the current micro-batch on ``self`` for the duration of ``training_step`` and installs a loss adapter that
 hands the classmate tensors (``classmate_advantages``, ``cot_mask``, ``classmate_log_probs``) to our losses as
 keyword arguments, so ``training_step`` itself is not copied. Anything the loss reports goes into
-``experience.info``, which upstream logs.
+``experience.info``, which upstream logs. Its :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard` keeps
+non-finite rewards, advantages, losses and gradients away from the optimizer.
 """
 
 from __future__ import annotations
 
 import torch
+from openrlhf.models import Actor
 from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-from openrlhf_classmate.integration.chunked_actor import ChunkedLogprobActor, install_chunked_actor
+from openrlhf_classmate.integration.chunked_actor import ChunkedLogprobActor, chunk_size_from_args, chunked_actor_class
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
-from openrlhf_classmate.integration.patches import install_actor_trainer
+from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
+from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
+from openrlhf_classmate.integration.weight_check import LoadCheckedActor, load_checked_class
 
 
 class ClassmateLossAdapter(torch.nn.Module):
@@ -101,9 +106,19 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         if built is not None:
             loss, fields, zero_classmate = built
             self.actor_loss_fn = ClassmateLossAdapter(loss, fields, self, zero_classmate)
+        # non-finite rewards, advantages, loss or gradient norm never reach the optimizer (our strategy's
+        # backward / optimizer_step consult the guard of the model they are given)
+        self.nonfinite = NonfiniteGuard(self.actor.model, cfg.stop_after_nonfinite_skips)
+        self.actor.nonfinite_guard = self.nonfinite
+
+    def ppo_train(self, kl_ctl: float):
+        status = super().ppo_train(kl_ctl)
+        status.update(self.nonfinite.status())  # the controller logs the total and stops on the consecutive count
+        return status
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         self.current_experience = experience
+        self.nonfinite.check_experience(experience)
         try:
             return super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
@@ -113,14 +128,13 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
 class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         install_actor_trainer(ClassmateActorPPOTrainer)
-        chunked = install_chunked_actor(strategy.args)
+        chunked = install_worker_actor(strategy.args)
         if strategy.args.engine.backend == "hf":
             vllm_engines = None  # HF engines get weights from the controller through the object store
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         if not isinstance(self.trainer, ClassmateActorPPOTrainer):
             raise RuntimeError("upstream no longer builds ActorPPOTrainer through the module global we rebind")
-        if chunked and not isinstance(self.actor, ChunkedLogprobActor):
-            raise RuntimeError("upstream no longer builds the policy's Actor through the module global we rebind")
+        _check_built(self.actor, chunked, "policy")
 
     def hf_engine_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere; with
@@ -171,11 +185,25 @@ def engine_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
-    """Upstream's reference worker; with ``--logprobs.chunked`` its ``Actor`` (the reference forward and VR-CLI's
-    NLLs) computes log-probs through the chunked LM head."""
+    """Upstream's reference worker; its ``Actor`` checks the loaded weights against the checkpoint, and with
+    ``--logprobs.chunked`` computes log-probs (the reference forward and VR-CLI's NLLs) through the chunked LM head."""
 
     def init_model_from_pretrained(self, strategy, pretrain):
-        chunked = install_chunked_actor(strategy.args)
+        chunked = install_worker_actor(strategy.args)
         super().init_model_from_pretrained(strategy, pretrain)
-        if chunked and not isinstance(self.model, ChunkedLogprobActor):
-            raise RuntimeError("upstream no longer builds the reference Actor through the module global we rebind")
+        _check_built(self.model, chunked, "reference")
+
+
+def install_worker_actor(args) -> bool:
+    """In a policy or reference worker, before upstream's ``init_model_from_pretrained``: make it build our ``Actor``:
+    upstream's, or the chunked one with ``--logprobs.chunked`` (returns whether), whose weights are compared with the
+    checkpoint as soon as they are loaded (``integration/weight_check.py``; the policy's EMA copy too)."""
+    chunk_size = chunk_size_from_args(args)
+    base = chunked_actor_class(chunk_size) if chunk_size is not None else Actor
+    install_actor_model(load_checked_class(base))
+    return chunk_size is not None
+
+
+def _check_built(actor, chunked: bool, which: str) -> None:
+    if not isinstance(actor, LoadCheckedActor) or (chunked and not isinstance(actor, ChunkedLogprobActor)):
+        raise RuntimeError(f"upstream no longer builds the {which}'s Actor through the module global we rebind")

@@ -242,15 +242,3 @@ def chunked_actor_class(chunk_size: int) -> type[ChunkedLogprobActor]:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return type("ChunkedLogprobActor", (ChunkedLogprobActor,), {"chunk_size": chunk_size})
-
-
-def install_chunked_actor(args: SimpleNamespace) -> bool:
-    """In an actor or reference worker: make upstream build :class:`ChunkedLogprobActor` when ``--logprobs.chunked``
-    is on. Returns whether it did."""
-    from openrlhf_classmate.integration import patches
-
-    chunk_size = chunk_size_from_args(args)
-    if chunk_size is None:
-        return False
-    patches.install_actor_model(chunked_actor_class(chunk_size))
-    return True

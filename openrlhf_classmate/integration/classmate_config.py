@@ -231,6 +231,14 @@ class ClassmateConfig:
                           "prompt groups dropped for having no valid score count as one such step. Applies with or "
                           "without a classmate", "range": Bound(lo=0)},
     )
+    stop_after_nonfinite_skips: int = field(
+        default=5,
+        metadata={"help": "A policy update whose rewards, advantages, loss or gradient norm hold a non-finite value "
+                          "is skipped (weights, optimizer state and learning-rate schedule unchanged; one warning "
+                          "line; counted in train/nonfinite_skipped); after N consecutive skipped updates the run "
+                          "stops with an error (0 = never stop). Applies with or without a classmate",
+                  "range": Bound(lo=0)},
+    )
     seed_offset: int = field(
         default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this (keeps them apart "
                                           "from the policy engines' seeds)", "range": Bound(lo=0)}

@@ -8,11 +8,11 @@ upstream name                                    rebound to / why
 ===============================================  ==========================================================
 ``Experience`` in the five batching modules      :class:`ClassmateExperience` (else new fields are dropped)
 ``ppo_actor.ActorPPOTrainer`` (actor workers)    ``ClassmateActorPPOTrainer`` (classmate losses)
-``ppo_actor.Actor``, ``launcher.Actor``          ``ChunkedLogprobActor`` in the actor / reference workers, only with
-(actor and reference workers)                    ``--logprobs.chunked`` (log-probs through the chunked LM head)
+``ppo_actor.Actor``, ``launcher.Actor``          ``LoadCheckedActor`` (loaded weights compared with the checkpoint),
+(actor and reference workers)                    with ``--logprobs.chunked`` also ``ChunkedLogprobActor``
 ``cli.train_ppo_ray.create_vllm_engines``        dispatch to the HF engine when the backend is ``hf``
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
-``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (installs ``--logprobs.chunked``)
+``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (installs our ``Actor``)
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
 ``vllm_engine.RolloutRayActor``                  ``CountingRolloutActor`` (counts weight updates per engine)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``

@@ -9,6 +9,11 @@
   save N+1 tags may exist for a moment; a torn tag is the first to go.
 * ``save_model`` into ``<ckpt.path>/<tag>_hf`` (``--ckpt.save_hf``) rotates those folders with ``--ckpt.max_num``,
   as upstream rotates the DeepSpeed tags (the ``_hf`` folders used to pile up forever).
+* ``backward`` / ``optimizer_step`` of a model carrying a ``nonfinite_guard`` (the policy:
+  :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard`) check the loss, and skip an update whose
+  inputs, loss or gradient norm are not finite.
+* its DeepSpeed configs turn on ``stage3_allgather_sequential`` on the CPU accelerator (ZeRO-3), the workaround of a
+  DeepSpeed defect that loaded uninitialised memory into parameters (:func:`safe_gathers`).
 
 Upstream's ``train()`` builds its strategy with ``get_strategy(args)``; :func:`patches.install_launcher` rebinds
 that name to :func:`get_strategy` below. The strategy object travels to the Ray actors by pickle, so the subclass
@@ -31,7 +36,53 @@ from openrlhf_classmate.integration.checkpoints import (
 )
 
 
+def safe_gathers(ds_config: dict) -> dict:
+    """Turn on ZeRO-3's ``stage3_allgather_sequential`` where DeepSpeed's blocking multi-parameter gather is unsafe.
+
+    The cause (DeepSpeed's, not ours): DeepSpeed 0.19.6 ``Init._allgather_params_coalesced`` (the gather of a
+    ``GatheredParameters`` context over two or more parameters, and of a module's parameters in the forward) starts
+    one asynchronous all-gather per parameter, waits on the *last* handle only ("ensures the operation is enqueued")
+    and calls ``accelerator.synchronize()`` only where ``resolves_data_dependency()`` is False. On CUDA that
+    synchronise orders everything (NCCL runs the gathers in order on one stream); DeepSpeed's CPU accelerator says
+    True and ``synchronize`` is a no-op there, while gloo runs asynchronous collectives on a pool of worker threads
+    that finish out of order (two plain ``torch.distributed`` gloo ranks: waiting on the second of two async
+    all-gathers left the first unfinished in 10 of 20 rounds). The context's body then runs while an earlier
+    parameter's all-gather is still writing into it. transformers' ZeRO-3 loader (``_load_state_dict_into_zero3_model``)
+    gathers each module's parameters together (weight + bias: Qwen2's q/k/v projections), rank 0 copies the
+    checkpoint in, the late all-gather overwrites it with the partitions as they were (uninitialised memory:
+    transformers skips the random init of weights it will load), and the broadcast that ends the context sends that
+    to every rank. With the flag every gather goes through ``_allgather_params_sequential`` / the sequential fetch,
+    one synchronous all-gather per parameter. Where the accelerator synchronises (GPUs) the config is unchanged.
+    Issue 23, item 5; ``tests/test_weight_check.py`` reproduces the race and checks the fix.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    zero = ds_config.get("zero_optimization", {})
+    if zero.get("stage") == 3 and get_accelerator().resolves_data_dependency():
+        zero["stage3_allgather_sequential"] = True
+    return ds_config
+
+
 class ResilientDeepspeedStrategy(DeepspeedStrategy):
+    def backward(self, loss, model, optimizer, **kwargs) -> None:
+        guard = getattr(model, "nonfinite_guard", None)
+        if guard is not None:
+            guard.check_loss(loss)
+        super().backward(loss, model, optimizer, **kwargs)
+
+    def optimizer_step(self, optimizer, model, scheduler, name="model", **kwargs) -> None:
+        guard = getattr(model, "nonfinite_guard", None)
+        boundary = guard is not None and guard.before_step()
+        super().optimizer_step(optimizer, model, scheduler, name=name, **kwargs)
+        if boundary:
+            guard.after_step()
+
+    def get_ds_train_config(self, *args, **kwargs):
+        return safe_gathers(super().get_ds_train_config(*args, **kwargs))
+
+    def get_ds_eval_config(self, *args, **kwargs):
+        return safe_gathers(super().get_ds_eval_config(*args, **kwargs))
+
     def load_ckpt(self, model, load_dir, tag=None, *args, **kwargs):
         if tag is None:
             choice = choose_resume_tag(load_dir, self.stage)  # CheckpointError when no tag is complete

@@ -118,10 +118,22 @@ class ClassmateControllerMixin(BasePPOTrainer):
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
             return {**health, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
+        self._stop_on_nonfinite_skips(status)
         status["skipped_invalid_step"] = 0.0
         status.update(self._judge_health(main, next_step))
         status.update(self._mismatch(next_step))
         return status, next_step
+
+    def _stop_on_nonfinite_skips(self, status: dict) -> None:
+        """The policy actors skip updates with non-finite values (``integration/nonfinite.py``) and report how many
+        in a row; too many in a row stop the run (``--classmate.stop_after_nonfinite_skips``)."""
+        consecutive = int(status.pop("nonfinite_consecutive", 0))
+        limit = self.args.classmate.stop_after_nonfinite_skips
+        if limit and consecutive >= limit:
+            raise TrainingStopped(
+                f"error: the last {consecutive} policy updates were all skipped for non-finite rewards, advantages, "
+                "loss or gradient norm (see the actors' warning lines); stopping "
+                "(--classmate.stop_after_nonfinite_skips)")
 
     def _mismatch(self, step: int) -> dict[str, float]:
         """The step's ``mismatch/*`` metrics; one warning line when they cross ``--engine.mismatch_warn_threshold``."""

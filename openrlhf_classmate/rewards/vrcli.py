@@ -16,7 +16,8 @@ Per rollout batch the hook
    ``async_run_method_batch(method_name="forward", ...)`` call, the gold chapter being the "action" span
    (:mod:`openrlhf_classmate.rewards.likelihood`): ZeRO-2 and ZeRO-3 reference actors work unchanged;
 4. sets ``sample.rewards`` to the mapped improvement ``100 (PPL_base - PPL_plan) / PPL_base`` (``main_valid`` 0
-   where there is no plan or the input is longer than ``--vrcli.max_len``) and returns the step metrics.
+   where there is no plan, the input is longer than ``--vrcli.max_len``, or a perplexity is not finite: a NaN
+   from the reference model is an invalid score, never a ladder rung) and returns the step metrics.
 
 The baseline perplexity comes from the dataset (``setup_data/vrcli_baseline_ppl.py`` writes it, with the model's
 name, checksum and dtype; launch and hook check them against the reference model) or, with ``--vrcli.baseline
@@ -44,6 +45,7 @@ from openrlhf_classmate.algo.vrcli_reward import (
     ladder_bucket,
     ladder_bucket_names,
     map_improvement,
+    perplexity,
     released_plan,
 )
 from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
@@ -215,7 +217,7 @@ def generator_sequence(tokenizer, label: dict, plan: str | None) -> tuple[list[i
 class _Row:
     label: dict
     plan: str | None = None
-    reason: str | None = None  # why the sample is not scored: no_plan, too_long
+    reason: str | None = None  # why the sample is not scored: no_plan, too_long, nonfinite
     no_plan: bool = False  # no plan marker (or nothing after it); scored on the whole response with missing_plan whole
     item: int = -1  # index of its generator sequence in the forward batch
     baseline_key: tuple | None = None
@@ -266,17 +268,22 @@ class VrcliRewardHook:
                             ranks=effective_ranks(group))
         forward_time = time.perf_counter() - t_forward
         for key, index in baseline_items.items():
-            self.baseline_cache[key] = math.exp(nll[index])
+            ppl = perplexity(nll[index])
+            if math.isfinite(ppl) and ppl > 0:  # a non-finite baseline is not cached: its rows are invalid
+                self.baseline_cache[key] = ppl
 
         improvements, ppl_plan, ppl_base = [], [], []
         buckets = [0] * (len(cfg.thresholds) + 1)
         for sample, row in zip(samples, rows):
             valid, reward = False, 0.0
             if row.reason is None:
-                base = (self.baseline_cache[row.baseline_key] if cfg.baseline == "online"
+                base = (self.baseline_cache.get(row.baseline_key, math.nan) if cfg.baseline == "online"
                         else float(row.label["baseline_ppl"]))
-                plan = math.exp(nll[row.item])
-                value = improvement(base, plan)
+                plan = perplexity(nll[row.item])
+                value = improvement(base, plan) if base > 0 and math.isfinite(base + plan) else math.nan
+                if not math.isfinite(value):
+                    row.reason = "nonfinite"  # NaN / inf NLL or baseline: masked like any invalid score
+            if row.reason is None:
                 reward = map_improvement(value, mapping=cfg.mapping, thresholds=cfg.thresholds,
                                          rewards=cfg.ladder_rewards)
                 valid = True
@@ -297,6 +304,7 @@ class VrcliRewardHook:
                                        for r in reasons)),
             "vrcli/no_plan": float(sum(row.no_plan for row in rows)),
             "vrcli/invalid_too_long": float(reasons.count("too_long")),
+            "vrcli/invalid_nonfinite": float(reasons.count("nonfinite")),
             "vrcli/reward_forward_time": forward_time,
             "vrcli/reward_time": time.perf_counter() - t_start,
             "vrcli/forward_sequences": float(len(items)),

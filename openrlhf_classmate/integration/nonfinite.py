@@ -1,0 +1,172 @@
+"""No non-finite value reaches the policy's optimizer (issue 23, item 6).
+
+DeepSpeed skips an update on its own only in some set-ups (fp16 loss scaling; ZeRO-1/2 bf16 with its grad-overflow
+check), never under ZeRO-3 bf16 or fp32, and says nothing. Here, for every optimizer update of the policy:
+
+* each micro-batch's rewards and advantages (main and classmate, over the action tokens) are checked when upstream's
+  ``training_step`` starts (:meth:`NonfiniteGuard.check_experience`), its loss before the backward
+  (:meth:`check_loss`, called by our strategy's ``backward``);
+* at the gradient-accumulation boundary the ranks agree (one all-reduce) whether any micro-batch of the window was
+  non-finite; DeepSpeed's optimizer wrapper then computes the global gradient norm as always, and the inner
+  optimizer's ``step`` (wrapped once, :meth:`install`) runs only when the window is clean and that norm is finite.
+  A skipped update leaves the weights and the optimizer state (Adam moments, step count) untouched: the wrapper
+  copies its unchanged fp32 master weights back and clears the gradients as after any step, and the learning-rate
+  schedule is put back where it was (it does not advance on a skipped update, as with DeepSpeed's own overflow skip);
+  where DeepSpeed's bf16 overflow check skips the step first (ZeRO-1/2), that skip is counted the same way;
+* a skipped update prints one warning line (rank 0) and counts in ``train/nonfinite_skipped`` (the run's total); the
+  controller stops the run with one line after ``--classmate.stop_after_nonfinite_skips`` consecutive skipped updates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from openrlhf.utils.logging_utils import init_logger
+
+logger = init_logger(__name__)
+
+POINTS = ("rewards", "advantages", "loss", "gradient norm")
+
+
+def nonfinite_points(experience) -> list[str]:
+    """Which inputs of a micro-batch hold a non-finite value: ``rewards`` (episode rewards / logged reward),
+    ``advantages`` (main or classmate, on the action tokens)."""
+    found = []
+    rewards = [_tensor(t) for t in (getattr(experience, "rewards", None), experience.info.get("reward"))
+               if t is not None]
+    if any(not bool(torch.isfinite(t).all()) for t in rewards):
+        found.append("rewards")
+    mask = experience.action_mask
+    for name in ("advantages", "classmate_advantages"):
+        value = getattr(experience, name, None)
+        if value is None:
+            continue
+        if mask is not None and value.shape == mask.shape:
+            value = value[mask.bool()]
+        if not bool(torch.isfinite(value.float()).all()):
+            found.append("advantages")
+            break
+    return found
+
+
+def _tensor(value) -> torch.Tensor:
+    """A float tensor of a tensor or of the per-sample list the replay buffer's collate makes of ``info`` values."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().float()
+    if not isinstance(value, (list, tuple)):
+        return torch.tensor([float(value)])
+    return torch.cat([_tensor(v).reshape(-1) for v in value]) if len(value) else torch.zeros(0)
+
+
+class NonfiniteGuard:
+    """The policy engine's update guard; the strategy's ``backward`` / ``optimizer_step`` call into it."""
+
+    def __init__(self, engine, max_consecutive: int):
+        self.engine = engine
+        self.max_consecutive = max_consecutive
+        self.window = dict.fromkeys(POINTS[:3], 0)  # non-finite micro-batches of this optimizer window, this rank
+        self.skip_window = False  # decided at the boundary, for all ranks
+        self.skipped_now: list[str] = []
+        self.total = 0  # skipped updates in this run
+        self.consecutive = 0
+        self.updates = 0
+        self.install()
+
+    # ── the inner optimizer: the only place parameters and optimizer state change ──
+
+    def install(self) -> None:
+        wrapper = self.engine.optimizer
+        inner = getattr(wrapper, "optimizer", wrapper)
+        self.wrapped = inner is not wrapper
+        for o in {id(o): o for o in (inner, getattr(wrapper, "backup_optimizer", None)) if o is not None}.values():
+            def guarded_step(*args, _real=o.step, **kwargs):
+                return _real(*args, **kwargs) if self._update_allowed() else None
+
+            o.step = guarded_step
+        # DeepSpeed's ZeRO wrappers replace a non-finite gradient norm by -1 before clipping and stepping (ZeRO-3
+        # bf16 then applies a NaN update with a logged norm of 1): the norm is read where they compute it
+        for name in ("get_grad_norm_direct", "complete_grad_norm_calculation_for_cpu_offload"):
+            if hasattr(wrapper, name):
+                def recorded(*args, _real=getattr(wrapper, name), **kwargs):
+                    norm = _real(*args, **kwargs)
+                    value = float(norm)
+                    if not (math.isfinite(value) and value >= 0):  # -1: DeepSpeed's mark of inf / NaN
+                        self.norm_nonfinite = True
+                    return norm
+
+                setattr(wrapper, name, recorded)
+        self.norm_nonfinite = False
+
+    def _update_allowed(self) -> bool:
+        if self.skip_window:
+            return False
+        if self.norm_nonfinite or (not self.wrapped and not math.isfinite(self._plain_grad_norm())):
+            self.skip_window = True
+            self.skipped_now = ["gradient norm"]
+            return False
+        return True
+
+    def _plain_grad_norm(self) -> float:
+        """Without a DeepSpeed wrapper (fp32, no ZeRO) the parameters hold the full, reduced gradients."""
+        grads = [p.grad for g in self.engine.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+
+    # ── hooks ──
+
+    def check_experience(self, experience) -> None:
+        for point in nonfinite_points(experience):
+            self.window[point] += 1
+
+    def check_loss(self, loss: torch.Tensor) -> None:
+        if not bool(torch.isfinite(loss.detach()).all()):
+            self.window["loss"] += 1
+
+    def before_step(self) -> bool:
+        """Before ``engine.step()``; True at a gradient-accumulation boundary (the ranks agree on the window)."""
+        if not self.engine.is_gradient_accumulation_boundary():
+            return False
+        counts = torch.tensor([self.window[p] for p in POINTS[:3]], dtype=torch.float64,
+                              device=torch.cuda.current_device())
+        if dist.is_initialized():
+            dist.all_reduce(counts)
+        self.skipped_now = [p for p, n in zip(POINTS, counts.tolist()) if n > 0]
+        self.skip_window = bool(self.skipped_now)
+        self.norm_nonfinite = False
+        self.window = dict.fromkeys(POINTS[:3], 0)
+        scheduler = self.engine.lr_scheduler
+        self._saved = (scheduler.state_dict() if scheduler is not None else None,
+                       [g["lr"] for g in self.engine.optimizer.param_groups])
+        return True
+
+    def after_step(self) -> None:
+        """After ``engine.step()`` at a boundary: undo the schedule's advance of a skipped update, count, warn."""
+        self.updates += 1
+        if not self.skip_window and not self.engine.fp16_enabled() and not self.engine.was_step_applied():
+            # DeepSpeed's own overflow check (ZeRO-1/2 bf16) found inf / NaN gradients and skipped the step before
+            # the inner optimizer: the same skip, counted the same way (fp16 loss-scale skips are DeepSpeed's
+            # ordinary scale search, not counted)
+            self.skip_window = True
+            self.skipped_now = ["gradient norm"]
+        if not self.skip_window:
+            self.consecutive = 0
+            return
+        state, lrs = self._saved
+        if state is not None:
+            self.engine.lr_scheduler.load_state_dict(state)
+        for group, lr in zip(self.engine.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        self.total += 1
+        self.consecutive += 1
+        self.skip_window = False
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            logger.warning(f"policy update {self.updates} skipped: non-finite {' and '.join(self.skipped_now)} "
+                           f"(weights and optimizer state unchanged; {self.total} skipped in this run, "
+                           f"{self.consecutive} in a row; --classmate.stop_after_nonfinite_skips "
+                           f"{self.max_consecutive})")
+
+    def status(self) -> dict[str, float]:
+        return {"nonfinite_skipped": float(self.total), "nonfinite_consecutive": float(self.consecutive)}
