@@ -63,7 +63,9 @@ def test_vrcli_config_trains_two_steps_through_the_launcher(tmp_path):
     # plans of copied colours, right and wrong: the rewards vary within groups, so the policy gets a gradient
     assert any(tb["train/vrcli/ladder_n_ge_2"][s] > 0 for s in (1, 2))
     assert any(tb["train/vrcli/ladder_n_lt_0.05"][s] > 0 for s in (1, 2))
-    assert tb["train/vrcli/improvement_min"][1] < 0 < tb["train/vrcli/improvement_max"][1]
+    # plans that help and plans that hurt, in some step (as the ladder counts above): a step whose 8 samples drew no
+    # right plan scores every plan below 0 (improvement_max -224.95 in one CI run, with correct reference weights)
+    assert any(tb["train/vrcli/improvement_min"][s] < 0 < tb["train/vrcli/improvement_max"][s] for s in (1, 2))
     assert any(v != 0 for v in tb["train/policy_loss"].values())
     eval_tags = [t for t in tb if t.startswith("eval") and "vrcli" in t]
     assert any("invalid" in t for t in eval_tags) and any("vrcli_story_pass1" in t for t in tb), sorted(tb)
