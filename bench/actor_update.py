@@ -106,7 +106,8 @@ def build_args(model_dir: str, a) -> object:
         "--rollout.max_new_tokens", str(a.response_len), "--data.max_len", str(a.prompt_len + a.response_len),
         "--engine.backend", "hf",
         *(["--ds.packing_samples", "--vllm.num_engines", "1"] if a.packing else []),
-        *(["--logprobs.chunked", "--logprobs.chunk_size", str(a.chunk_size)] if a.chunked_logprobs else []),
+        *(["--logprobs.chunked", "--logprobs.chunk_size", str(a.chunk_size)] if a.chunked_logprobs
+          else ["--logprobs.chunked", "off"]),  # stock: upstream's forward (auto would chunk)
         *(["--actor.entropy_coef", str(a.entropy_coef)] if a.entropy_coef is not None else []),
     ])
 

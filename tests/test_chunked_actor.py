@@ -8,6 +8,8 @@ The models are float32 (tolerance 1e-6 of the largest value, as in ``test_chunke
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from openrlhf.models import actor as upstream_actor_module
@@ -173,41 +175,125 @@ BASE = ["--actor.model_name_or_path", "policy", "--actor.num_gpus_per_node", "1"
         "--rollout.n_samples_per_prompt", "4", "--vllm.num_engines", "1"]
 
 
-def test_flags_default_off_and_refused_combinations_name_the_flag():
-    args = parse_args(BASE)
-    assert args.logprobs.chunked is False and args.logprobs.chunk_size == 2048
-    assert parse_args(BASE + ["--logprobs.chunked", "--logprobs.chunk_size", "1024"]).logprobs.chunk_size == 1024
+def test_the_flag_has_three_states_auto_by_default_and_bare_means_on(tmp_path):
+    assert parse_args(BASE).logprobs.chunked == "auto"
+    assert parse_args(BASE + ["--logprobs.chunked"]).logprobs.chunked == "on"  # bare, as before (scripts, configs)
+    bare_then_flag = parse_args(BASE + ["--logprobs.chunked", "--logprobs.chunk_size", "1024"]).logprobs
+    assert (bare_then_flag.chunked, bare_then_flag.chunk_size) == ("on", 1024)
+    for state in ("auto", "on", "off"):
+        assert parse_args(BASE + ["--logprobs.chunked", state]).logprobs.chunked == state
+    with pytest.raises(SystemExit):
+        parse_args(BASE + ["--logprobs.chunked", "yes"])
+    # a --config file: YAML 1.1 reads on/off/true/false as booleans; auto as text
+    for text, state in (("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"), ("auto", "auto")):
+        (tmp_path / "c.yaml").write_text(f"logprobs:\n  chunked: {text}\n")
+        assert parse_args(BASE + ["--config", str(tmp_path / "c.yaml")]).logprobs.chunked == state, text
+
+
+def test_chunk_size_applies_with_auto_and_on_and_is_refused_with_off():
+    assert parse_args(BASE).logprobs.chunk_size == 2048
+    assert parse_args(BASE + ["--logprobs.chunk_size", "512"]).logprobs.chunk_size == 512  # auto
     with pytest.raises(SystemExit, match="--logprobs.chunk_size sets the chunk of --logprobs.chunked"):
-        parse_args(BASE + ["--logprobs.chunk_size", "512"])
+        parse_args(BASE + ["--logprobs.chunked", "off", "--logprobs.chunk_size", "512"])
     with pytest.raises(SystemExit, match="--logprobs.chunk_size"):
         parse_args(BASE + ["--logprobs.chunked", "--logprobs.chunk_size", "0"])
+
+
+LORA_HEAD = ["--ds.lora.rank", "4", "--ds.lora.target_modules", "q_proj", "lm_head"]
+# ring attention and AutoTP: refused on this CPU machine by the model-option checks already (no flash-attn, HF
+# engines); where those pass (a GPU with vLLM), the chunked head still refuses them: set after parsing
+UNSUPPORTED_FLAGS = [("ring_attn_size", "--ds.ring_attn_size 2", "the chunked LM head is not verified"),
+                     ("tensor_parallel_size", "--ds.tensor_parallel_size 2", "a tensor-parallel LM head")]
+
+
+def test_explicit_on_refuses_the_combinations_the_chunked_head_does_not_support():
     with pytest.raises(SystemExit, match="drop lm_head from --ds.lora.target_modules"):
-        parse_args(BASE + ["--logprobs.chunked", "--ds.lora.rank", "4", "--ds.lora.target_modules", "q_proj",
-                           "lm_head"])
-    # ring attention and AutoTP: refused on this CPU machine by the model-option checks already (no flash-attn,
-    # HF engines); where those pass (a GPU with vLLM), the chunked head still refuses them
-    for flag, message in (("ring_attn_size", "--ds.ring_attn_size 2: the chunked LM head is not verified"),
-                          ("tensor_parallel_size", "--ds.tensor_parallel_size 2: a tensor-parallel LM head")):
-        args = parse_args(BASE + ["--logprobs.chunked"])
-        setattr(args.ds, flag, 2)
-        with pytest.raises(SystemExit, match=message):
+        parse_args(BASE + ["--logprobs.chunked"] + LORA_HEAD)
+    for attr, flag, why in UNSUPPORTED_FLAGS:
+        args = parse_args(BASE + ["--logprobs.chunked", "on"])
+        setattr(args.ds, attr, 2)
+        with pytest.raises(SystemExit, match=f"--logprobs.chunked with {flag}: {why}"):
             validate_logprobs_args(args)
 
 
-def test_the_model_config_check_refuses_vision_and_rescaled_logits():
-    from types import SimpleNamespace
+def _notes(capsys) -> list[str]:
+    """The stderr lines about --logprobs.* since the last call (parse_args logs other resolved values too)."""
+    return [line for line in capsys.readouterr().err.splitlines() if "--logprobs" in line]
 
+
+def test_auto_falls_back_to_upstream_with_one_note_for_each_unsupported_flag(capsys):
+    args = parse_args(BASE + LORA_HEAD)  # auto
+    notes = _notes(capsys)
+    assert args.logprobs.chunked == "off" and len(notes) == 1
+    assert "upstream's" in notes[0] and "lm_head in --ds.lora.target_modules" in notes[0]
+    for attr, flag, _ in UNSUPPORTED_FLAGS:
+        args = parse_args(BASE)
+        assert args.logprobs.chunked == "auto" and _notes(capsys) == []  # supported so far: no note
+        setattr(args.ds, attr, 2)
+        validate_logprobs_args(args)
+        notes = _notes(capsys)
+        assert args.logprobs.chunked == "off" and len(notes) == 1
+        assert "--logprobs.chunked auto" in notes[0] and flag in notes[0] and "upstream's" in notes[0]
+    # chunk_size given with auto, then a fallback: not refused (it would have applied)
+    assert parse_args(BASE + LORA_HEAD + ["--logprobs.chunk_size", "64"]).logprobs.chunked == "off"
+
+
+MODEL_CONFIGS = [(SimpleNamespace(vision_config={}), "vision-language"),
+                 (SimpleNamespace(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
+                 (SimpleNamespace(logit_scale=0.0625), "logit_scale=0.0625")]
+
+
+def test_the_model_config_check_refuses_vision_and_rescaled_logits_when_on():
     args = parse_args(BASE + ["--logprobs.chunked"])
     assert "plain LM head" in check_model_config(args, lambda p: SimpleNamespace(final_logit_softcapping=None))
-    for config, what in ((SimpleNamespace(vision_config={}), "vision-language"),
-                         (SimpleNamespace(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
-                         (SimpleNamespace(logit_scale=0.0625), "logit_scale=0.0625")):
+    for config, what in MODEL_CONFIGS:
         with pytest.raises(SystemExit, match=what):
             check_model_config(args, lambda p, c=config: c)
-    assert check_model_config(parse_args(BASE)) is None  # off: nothing loaded
+    assert check_model_config(parse_args(BASE + ["--logprobs.chunked", "off"])) is None  # off: nothing loaded
 
 
-def test_the_workers_build_the_chunked_actor_only_when_asked(monkeypatch):
+def test_the_model_config_check_under_auto_turns_it_on_or_falls_back_with_one_note(capsys):
+    args = parse_args(BASE)
+    line = check_model_config(args, lambda p: SimpleNamespace(final_logit_softcapping=None))
+    assert "plain LM head" in line and args.logprobs.chunked == "on" and _notes(capsys) == []
+    for config, what in MODEL_CONFIGS:
+        args = parse_args(BASE)
+        capsys.readouterr()
+        line = check_model_config(args, lambda p, c=config: c)
+        notes = _notes(capsys)
+        assert args.logprobs.chunked == "off" and len(notes) == 1 and what in notes[0] and what in line
+        assert "--logprobs.chunked auto" in notes[0] and "upstream's" in notes[0]
+
+
+def test_the_launch_preflight_resolves_auto_from_the_policy_folder(model_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport, check_chunked_logprobs_model
+
+    def preflight_chunked(path, *flags):
+        args = parse_args(BASE + list(flags))
+        args.actor.model_name_or_path = path
+        report = PreflightReport()
+        check_chunked_logprobs_model(args, report)
+        return args.logprobs.chunked, report.lines
+
+    state, lines = preflight_chunked(model_dir)
+    assert state == "on" and any("plain LM head" in line for line in lines)
+    capped = str(tmp_path / "capped")
+    shutil.copytree(model_dir, capped)
+    config = json.loads(open(f"{capped}/config.json").read())
+    with open(f"{capped}/config.json", "w") as f:
+        json.dump(config | {"final_logit_softcapping": 30.0}, f)
+    capsys.readouterr()
+    state, lines = preflight_chunked(capped)
+    assert state == "off" and len(_notes(capsys)) == 1
+    with pytest.raises(PreflightError, match="final_logit_softcapping=30.0"):
+        preflight_chunked(capped, "--logprobs.chunked", "on")
+    assert preflight_chunked(capped, "--logprobs.chunked", "off") == ("off", [])
+
+
+def test_the_workers_build_the_chunked_actor_unless_off(monkeypatch, model_dir):
     import openrlhf.trainer.ray.launcher as launcher
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
@@ -216,13 +302,16 @@ def test_the_workers_build_the_chunked_actor_only_when_asked(monkeypatch):
 
     monkeypatch.setattr(ppo_actor, "Actor", Actor)
     monkeypatch.setattr(launcher, "Actor", Actor)
-    assert not install_worker_actor(parse_args(BASE))
+    assert not install_worker_actor(parse_args(BASE + ["--logprobs.chunked", "off"]))
     for module in (ppo_actor, launcher):  # upstream's Actor with the load check only
         assert module.Actor is LoadCheckedActor and not issubclass(module.Actor, ChunkedLogprobActor)
     assert install_worker_actor(parse_args(BASE + ["--logprobs.chunked", "--logprobs.chunk_size", "64"]))
     for module in (ppo_actor, launcher):
         assert issubclass(module.Actor, ChunkedLogprobActor) and module.Actor.chunk_size == 64
         assert issubclass(module.Actor, LoadCheckedActor)
+    auto = parse_args(BASE)  # a hub id the preflight left to the workers: resolved from the config they load
+    auto.actor.model_name_or_path = model_dir
+    assert install_worker_actor(auto) and auto.logprobs.chunked == "on"
     monkeypatch.delattr(launcher, "Actor")
     with pytest.raises(patches.UpstreamChangedError, match="launcher"):
         patches.install_actor_model(chunked_actor_class(8))

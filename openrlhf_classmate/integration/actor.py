@@ -20,7 +20,12 @@ from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-from openrlhf_classmate.integration.chunked_actor import ChunkedLogprobActor, chunk_size_from_args, chunked_actor_class
+from openrlhf_classmate.integration.chunked_actor import (
+    ChunkedLogprobActor,
+    check_model_config,
+    chunk_size_from_args,
+    chunked_actor_class,
+)
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
 from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
@@ -186,7 +191,8 @@ def engine_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
     """Upstream's reference worker; its ``Actor`` checks the loaded weights against the checkpoint, and with
-    ``--logprobs.chunked`` computes log-probs (the reference forward and VR-CLI's NLLs) through the chunked LM head."""
+    ``--logprobs.chunked`` (auto: by default) computes log-probs (the reference forward and VR-CLI's NLLs) through the
+    chunked LM head."""
 
     def init_model_from_pretrained(self, strategy, pretrain):
         chunked = install_worker_actor(strategy.args)
@@ -196,8 +202,12 @@ class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
 
 def install_worker_actor(args) -> bool:
     """In a policy or reference worker, before upstream's ``init_model_from_pretrained``: make it build our ``Actor``:
-    upstream's, or the chunked one with ``--logprobs.chunked`` (returns whether), whose weights are compared with the
-    checkpoint as soon as they are loaded (``integration/weight_check.py``; the policy's EMA copy too)."""
+    upstream's, or the chunked one unless ``--logprobs.chunked`` is off (returns whether), whose weights are compared
+    with the checkpoint as soon as they are loaded (``integration/weight_check.py``; the policy's EMA copy too). An
+    ``auto`` the launch left open (a hub id: the preflight reads local folders only) is decided here from the
+    model's config (:func:`check_model_config`)."""
+    if getattr(args, "logprobs", None) is not None and args.logprobs.chunked == "auto":
+        check_model_config(args)
     chunk_size = chunk_size_from_args(args)
     base = chunked_actor_class(chunk_size) if chunk_size is not None else Actor
     install_actor_model(load_checked_class(base))

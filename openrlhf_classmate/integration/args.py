@@ -300,6 +300,10 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
             if value:
                 argv.append(flag)
             continue
+        if isinstance(value, bool) and action.choices is not None and {"on", "off"} <= set(action.choices):
+            # YAML 1.1 reads on/off (and true/false) as booleans: a choice of on/off (--logprobs.chunked)
+            argv += [flag, "on" if value else "off"]
+            continue
         if isinstance(value, list):
             if action.nargs in (None, 0):
                 raise ConfigError(f"--config {path}: '{key}' takes one value, got a list")

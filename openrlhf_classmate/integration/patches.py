@@ -9,7 +9,7 @@ upstream name                                    rebound to / why
 ``Experience`` in the five batching modules      :class:`ClassmateExperience` (else new fields are dropped)
 ``ppo_actor.ActorPPOTrainer`` (actor workers)    ``ClassmateActorPPOTrainer`` (classmate losses)
 ``ppo_actor.Actor``, ``launcher.Actor``          ``LoadCheckedActor`` (loaded weights compared with the checkpoint),
-(actor and reference workers)                    with ``--logprobs.chunked`` also ``ChunkedLogprobActor``
+(actor and reference workers)                    unless ``--logprobs.chunked off``: ``ChunkedLogprobActor``
 ``cli.train_ppo_ray.create_vllm_engines``        dispatch to the HF engine when the backend is ``hf``
 ``cli.train_ppo_ray.PolicyModelActor``           ``ClassmatePolicyModelActor``
 ``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (installs our ``Actor``)

@@ -327,12 +327,12 @@ def check_resume(args: SimpleNamespace, report: PreflightReport) -> None:
 
 
 def check_chunked_logprobs_model(args: SimpleNamespace, report: PreflightReport) -> None:
-    """``--logprobs.chunked``: the policy's config has a plain LM head (local folders; a hub id is checked when the
-    workers load it)."""
+    """``--logprobs.chunked`` auto or on: the policy's config has a plain LM head (local folders; a hub id is checked
+    when the workers load it). auto becomes on, or off with one note (:func:`chunked_actor.check_model_config`)."""
     from openrlhf_classmate.integration.chunked_actor import check_model_config
 
     path = args.actor.model_name_or_path
-    if getattr(args, "logprobs", None) is None or not args.logprobs.chunked:
+    if getattr(args, "logprobs", None) is None or args.logprobs.chunked == "off":
         return
     if not os.path.isdir(os.path.expanduser(path)):
         report.lines.append(f"--logprobs.chunked: {path} is a hub id, its LM head is checked when the workers load it")
