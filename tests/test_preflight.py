@@ -90,6 +90,8 @@ def test_check_reports_what_it_checked_and_warns_about_a_classmate_without_think
     train_ppo_ray.main(argv)
     out, err = capsys.readouterr()
     assert f"--data.prompt_dataset {data}: 1 rows checked (scorers: gsm8k)" in out
+    # --logprobs.chunked auto (the default): the policy folder's config read, a plain head, so the chunked path
+    assert f"--logprobs.chunked: {policy} has a plain LM head (chunks of 2048 tokens)" in out
     assert out.strip().endswith("check passed: the run would start")
     assert f"warning: classmate tokenizer {policy} has no single token for '<reason>'" in err
     assert not os.path.exists(tmp_path / "ckpt")  # --check writes nothing
