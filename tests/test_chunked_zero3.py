@@ -14,6 +14,8 @@ import socket
 import pytest
 import torch
 
+from openrlhf_classmate.testing.ds_policy import reset_deepspeed_state
+
 pytestmark = pytest.mark.slow
 
 
@@ -43,9 +45,9 @@ def cpu_worker(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     patches.install_experience()
     patches.install_cpu_runtime()
+    reset_deepspeed_state()  # whatever an earlier test in this process left
     yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    reset_deepspeed_state()  # the group and DeepSpeed's cache of it: a later engine in this process starts clean
 
 
 def test_zero3_chunked_log_probs_and_gradients_equal_upstream(tmp_path, cpu_worker):

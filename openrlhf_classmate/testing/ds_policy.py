@@ -37,15 +37,27 @@ def cpu_runtime(mp):
     yield
 
 
-@contextlib.contextmanager
-def single_rank_world():
-    """A one-rank gloo process group with the CPU runtime patches, for any number of :func:`policy_actor` s; on exit
-    the group is destroyed and DeepSpeed's cached groups are dropped (a later world in this process starts clean)."""
-    import deepspeed
+def reset_deepspeed_state() -> None:
+    """Destroy this process's group and drop what DeepSpeed caches about it (its ``groups`` module keeps the world
+    group, ``deepspeed.comm`` its backend): a DeepSpeed engine built after another one in the same process would
+    otherwise broadcast over the destroyed group (``ValueError: Group ... is not registered``)."""
     import deepspeed.comm.comm as ds_comm
     import deepspeed.utils.groups as ds_groups
-    import pytest
     import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for name in [n for n in vars(ds_groups) if n.endswith("_GROUP") and n.startswith("_")]:
+        setattr(ds_groups, name, None)
+    ds_comm.cdb = None
+
+
+@contextlib.contextmanager
+def single_rank_world():
+    """A one-rank gloo process group with the CPU runtime patches, for any number of :func:`policy_actor` s. DeepSpeed's
+    cached groups are dropped on entry (an earlier test in this process may have left them) and on exit."""
+    import deepspeed
+    import pytest
 
     from openrlhf_classmate.integration import patches
     from openrlhf_classmate.sandbox.testing import free_port
@@ -55,15 +67,12 @@ def single_rank_world():
         for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0"),
                            ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
             mp.setenv(key, value)
+        reset_deepspeed_state()
         deepspeed.init_distributed(dist_backend="gloo")
         try:
             yield
         finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            for name in [n for n in vars(ds_groups) if n.endswith("_GROUP") and n.startswith("_")]:
-                setattr(ds_groups, name, None)
-            ds_comm.cdb = None
+            reset_deepspeed_state()
 
 
 def policy_actor(model_dir: str, extra: list[str] | None = None):
