@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
+from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
 
 TARGET = 1.25
 QWEN25_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -305,6 +306,13 @@ def print_table(result: dict) -> None:
         print(f"GDPO / GRPO step time = {result['ratio']:.3f} ({verdict} the {TARGET}x target)")
 
 
+def interleaved_timeout(left: float) -> int:
+    """Seconds the interleaved run may take: no 600 s cap (a run started in its own session, setsid, may outlive one
+    device call); --budget-s bounds it (the steps it finished before its limit count: launcher_step_scalars), and
+    without one (the CPU check) the watchdog's hard limit does."""
+    return int(min(left - 10, HARD_TIMEOUT))
+
+
 def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, start: float) -> None:
     """One interleaved run per call; the calls of one (warm) machine with the same settings are kept in ``$WORK`` so
     that the ratio's spread between calls is reported next to each call's figure."""
@@ -321,9 +329,8 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
         row = {"run": "interleaved", "exit": None,
                "skipped": f"{left:.0f} s left of --budget-s, ~{a.run_estimate_s:.0f} s needed"}
     else:
-        # no 600 s cap here: a run started in its own session (setsid) may outlive one device call; --budget-s
-        # bounds it, and the steps it finished before its limit count (launcher_step_scalars)
-        row = _guarded_run("interleaved", a, policy, classmate, data, timeout=int(left - 10), interleave=True)
+        row = _guarded_run("interleaved", a, policy, classmate, data, timeout=interleaved_timeout(left),
+                           interleave=True)
     row["call"] = len(calls) + 1
     calls.append(row)
     ratios = [c["ratio"] for c in calls if c.get("ratio")]
