@@ -215,6 +215,14 @@ def test_interleaved_step_times_come_from_the_launchers_step_lines(tmp_path):
     assert out["paired"]["median"] == round(25.0 / 26.0, 3)
 
 
+def test_the_step_time_target_is_tighter_on_two_gpus():
+    # one GPU: the classmate stage runs between sleeping engines (1.25x); two: it overlaps the forwards (issue 28)
+    step_time = _bench("step_time")
+    assert step_time.verdict(1.15, gpus=1) == "meets the 1.25x target"
+    assert step_time.verdict(1.15, gpus=2) == "misses the 1.1x target"
+    assert step_time.verdict(1.08, gpus=2) == "meets the 1.1x target"
+
+
 def test_an_interleaved_run_without_budget_gets_the_hard_limit():
     # the CPU check runs without --budget-s: an infinite budget once crashed the call (int(inf)) before the launcher
     from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT
