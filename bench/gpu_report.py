@@ -62,7 +62,7 @@ def evaluate_table(data: dict) -> str:
 
 def step_time_table(data: dict) -> str:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from step_time import ROWS, TARGET
+    from step_time import ROWS, verdict
 
     grpo, gdpo = data["runs"].get("grpo", {}), data["runs"].get("gdpo", {})
     steady = gdpo.get("steady_steps") or grpo.get("steady_steps")
@@ -76,8 +76,7 @@ def step_time_table(data: dict) -> str:
         lines.append(f"| {label.strip()} | {_fmt(g)} | {_fmt(c)} | {delta} |")
     ratio = data.get("ratio")
     if ratio is not None:
-        lines += ["", f"GDPO / GRPO = **{ratio:.3f}** ({'meets' if ratio <= TARGET else 'misses'} the {TARGET}x "
-                      "target)."]
+        lines += ["", f"GDPO / GRPO = **{ratio:.3f}** ({verdict(ratio, data['gpus'])})."]
     for name, run in data["runs"].items():
         if run.get("exit") != 0:
             lines.append(f"\n{name}: exit {run.get('exit')} {run.get('skipped', '')}")

@@ -9,8 +9,11 @@ HF model, converts the last DeepSpeed checkpoint with ``convert_checkpoint`` and
 * the classmate advantage is 0 outside the CoT (``classmate/adv_abs_outside_cot``, logged by the separated losses);
 * the policy weights changed; the converted checkpoint equals the HF save (bf16 tolerance);
 * ``vanilla_classmate``: real classmate log-probs of the CoT (``classmate/cot_logprob`` finite and negative);
-* classmate engines not sharing the actor/ref GPUs' turn (``share`` on two GPUs): their generation overlapped the
-  actor/ref forwards (``classmate/stage_overlap_time`` > 0).
+* classmate engines not sharing the actor/ref GPUs' turn (``share`` on two GPUs, ``separate``): their generation
+  overlapped the actor/ref forwards (``classmate/stage_overlap_time`` > 0).
+
+A run needing more GPUs than the device has (``gpus_needed``: ``separate`` gives every engine a GPU of its own) is
+skipped with the reason instead of waiting for Ray's placement groups.
 
 Runs with ``engine="vllm"`` use real vLLM engines (hidden 256 / 4 heads: a head dimension vLLM's kernels accept) and
 the weight sync upstream uses on a GPU: CUDA IPC with ``--train.colocate_all``, NCCL broadcast otherwise.
@@ -49,6 +52,7 @@ from openrlhf_classmate.testing.e2e import (  # noqa: E402
 COLOCATE_ALL = ["--train.colocate_all", "--vllm.enable_sleep"]
 CLASSMATE_COLOCATE = ["--classmate.placement", "colocate"]
 CLASSMATE_SHARE = ["--classmate.placement", "share"]
+CLASSMATE_SEPARATE = ["--classmate.placement", "separate"]
 VANILLA = ["--classmate.loss", "vanilla_classmate", "--classmate.prompt_mode", "splice"]
 
 
@@ -80,12 +84,42 @@ RUNS = {
     "zero3_gdpo_colocate_2gpu": Run(2, "vllm", 3, "gdpo", COLOCATE_ALL + CLASSMATE_COLOCATE
                                     + ["--classmate.num_engines", "2"], policy_engines=2, classmate_engines=2,
                                     actor_gpus=2, estimate_s=270),
+    # issue 28's deployment shape, --classmate.placement separate (engines of their own: one whole GPU each, so
+    # it cannot fit two GPUs): actor + ref on GPU 0, the policy engine on GPU 1 (NCCL broadcast across GPUs), the
+    # classmate engine on GPU 2, its generation overlapping the actor/ref forwards; 3 GPUs (kind nvidia-h200-x4)
+    "zero2_gdpo_separate_3gpu": Run(3, "vllm", 2, "gdpo", CLASSMATE_SEPARATE, expect_overlap=True),
+    # the closest two-GPU layout: actor/ref + policy engine on GPU 0 (colocate_all, CUDA IPC), the classmate engine
+    # separate on GPU 1, overlapping the actor/ref forwards (the NCCL broadcast is zero2_gdpo_share_2gpu's)
+    "zero2_gdpo_separate_2gpu": Run(2, "vllm", 2, "gdpo", COLOCATE_ALL + CLASSMATE_SEPARATE, expect_overlap=True),
 }
 PLANS = {
     "hf": ["hf_zero2_separated", "hf_zero3_gdpo"],
     "vllm1": ["zero2_separated_colocate", "zero3_gdpo_share", "zero3_vanilla_colocate"],
-    "vllm2": ["zero2_gdpo_share_2gpu", "zero3_gdpo_colocate_2gpu"],
+    "vllm2": ["zero2_gdpo_share_2gpu", "zero3_gdpo_colocate_2gpu", "zero2_gdpo_separate_2gpu"],
+    "vllm3": ["zero2_gdpo_separate_3gpu"],
 }
+
+
+def gpus_needed(args) -> int:
+    """GPUs a parsed launch takes with vLLM engines: upstream gives the actor group, the reference group (unless
+    colocated with the actor), the policy engines (unless ``--train.colocate_all``) and the classmate engines of
+    placement ``separate`` one whole-GPU Ray bundle per rank; colocated and shared groups take none of their own."""
+    actor = args.actor.num_nodes * args.actor.num_gpus_per_node
+    colocated = args.train.colocate_actor_ref or args.train.colocate_all
+    ref = 0 if colocated or args.algo.kl.init_coef <= 0 else args.ref.num_nodes * args.ref.num_gpus_per_node
+    engines = 0 if args.train.colocate_all else args.vllm.num_engines * args.vllm.tensor_parallel_size
+    cm = args.classmate
+    classmate = (len(cm.model_name_or_path) * cm.num_engines * cm.tensor_parallel_size
+                 if cm.model_name_or_path and cm.placement == "separate" else 0)
+    return actor + ref + engines + classmate
+
+
+def too_few_gpus(run: Run, engine: str, device_gpus: int) -> str | None:
+    """Why ``run`` cannot start on a device with ``device_gpus`` GPUs (Ray would wait for its placement groups
+    forever), or None; a machine without GPUs runs everything on Ray's logical GPUs."""
+    if engine != "vllm" or device_gpus == 0 or device_gpus >= run.gpus:
+        return None
+    return f"needs {run.gpus} GPUs, the device has {device_gpus}"
 
 
 def _set_flag(argv: list[str], flag: str, value: str) -> None:
@@ -197,6 +231,12 @@ def _device() -> str:
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
 
 
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _write_json(path: str, payload: dict) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(payload, f, indent=1)
@@ -252,6 +292,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
     device = _device()
+    gpus = _gpu_count()
     start = time.time()
     rows: list[dict] = []
     with open(os.path.join(a.out, f"{stem}.log"), "w") as tails:
@@ -264,6 +305,8 @@ def main() -> None:
                 # a passing run of an earlier call on this (warm) machine: a plan can span several device calls
                 rows.append({**json.load(open(done)), "from_earlier_call": True})
                 print(f"{name}: passed in an earlier call on this machine (--fresh to run it again)", flush=True)
+            elif too_few_gpus(run, engine, gpus):
+                rows.append({"run": name, "skipped": too_few_gpus(run, engine, gpus), "ok": False})
             elif left < run.estimate_s:
                 rows.append({"run": name, "skipped": f"{left:.0f} s left of --budget-s, about {run.estimate_s} s "
                              "needed", "ok": False})

@@ -12,7 +12,10 @@
 #   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
 #   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
 #   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)
-#   vllm2           bench/gpu_validate.py, two GPUs (share placement across GPUs; ZeRO-3 over both, colocated)
+#   vllm2           bench/gpu_validate.py, two GPUs (share placement across GPUs; ZeRO-3 over both, colocated;
+#                   classmate separate on GPU 1 beside colocate_all on GPU 0)
+#   vllm3           the deployment shape, classmate placement separate: actor/ref, policy engine, classmate engine
+#                   on a GPU each (3 GPUs: kind nvidia-h200-x4; skipped with the reason on fewer)
 #   steptime1 steptime2   bench/step_time.py --gpus 1|2: GRPO vs classmate GDPO step-time breakdown (STEP_ARGS)
 #   hf (= validate) bench/gpu_validate.py with HF engines (the first GPU validation)
 #   bench           bench/actor_update.py (BENCH_ARGS); all = validate + bench
@@ -125,7 +128,7 @@ for step in "${steps[@]}"; do
     evaluate)
       need_vllm
       python3 bench/gpu_evaluate.py --out "$OUT" --budget-s "$(left)" || status=1 ;;
-    vllm1|vllm2|hf|validate|vllm1a|vllm1b)
+    vllm1|vllm2|vllm3|hf|validate|vllm1a|vllm1b)
       need_trainer
       case "$step" in
         vllm1a) sel=(--runs zero2_separated_colocate --name vllm1a) ;;

@@ -45,6 +45,9 @@ def test_every_validation_run_parses(world, gpu_validate, engine):
         assert args.actor.num_gpus_per_node == run.actor_gpus and args.ds.zero_stage == run.zero
         if engine == "vllm":
             assert args.vllm.sync_backend == "nccl" and args.vllm.enforce_eager
+            # the GPUs the layout takes (one Ray bundle per actor/ref group, engine and classmate engine of its own)
+            if run.engine == "vllm":  # (the HF engines of the "hf" plan take no GPU)
+                assert gpu_validate.gpus_needed(args) == run.gpus, name
 
 
 def test_the_plans_cover_issue_13s_list(gpu_validate):
@@ -58,6 +61,32 @@ def test_the_plans_cover_issue_13s_list(gpu_validate):
     two = [r for r in runs.values() if r.gpus == 2]
     assert any(r.expect_overlap and "colocate_all" not in " ".join(r.extra) for r in two)  # engines on the 2nd GPU
     assert any(r.zero == 3 and r.actor_gpus == 2 and "colocate_all" in " ".join(r.extra) for r in two)
+
+
+def test_the_plans_cover_issue_28s_deployment_shape(world, gpu_validate):
+    # --classmate.placement separate: classmate engines on GPUs of their own, overlapping the actor/ref forwards
+    separate = {name: run for name, run in gpu_validate.RUNS.items() if "placement separate" in " ".join(run.extra)}
+    assert separate and all(run.expect_overlap and run.engine == "vllm" for run in separate.values())
+    by_gpus = {run.gpus: parse_args(gpu_validate.run_argv(run, world, "vllm")) for run in separate.values()}
+    # the deployment shape: actor + ref on GPU 0, the policy engine on GPU 1 (NCCL broadcast), the classmate on GPU 2
+    shape = by_gpus[3]
+    assert shape.train.colocate_actor_ref and not shape.train.colocate_all and shape.vllm.sync_backend == "nccl"
+    assert "zero2_gdpo_separate_3gpu" in gpu_validate.PLANS["vllm3"]
+    # the closest two-GPU layout: actor/ref + policy engine on GPU 0 (colocate_all), the classmate engine on GPU 1
+    assert by_gpus[2].train.colocate_all and "zero2_gdpo_separate_2gpu" in gpu_validate.PLANS["vllm2"]
+    # every plan is a step of gpu_validate.sh
+    script = open(os.path.join(REPO, "bench", "gpu_validate.sh")).read()
+    steps = {s.strip() for line in script.splitlines() if line.strip().startswith("vllm1|") for s in
+             line.strip().rstrip(")").split("|")}
+    assert set(gpu_validate.PLANS) <= steps
+
+
+def test_a_run_needing_more_gpus_than_the_device_has_is_skipped(gpu_validate):
+    # Ray would wait forever for the placement group of a third GPU on a two-GPU host
+    run = gpu_validate.RUNS["zero2_gdpo_separate_3gpu"]
+    assert "needs 3 GPUs, the device has 2" in gpu_validate.too_few_gpus(run, "vllm", device_gpus=2)
+    assert gpu_validate.too_few_gpus(run, "vllm", device_gpus=4) is None
+    assert gpu_validate.too_few_gpus(run, "hf", device_gpus=0) is None  # --engine hf: Ray's logical GPUs
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
@@ -184,6 +213,23 @@ def test_interleaved_step_times_come_from_the_launchers_step_lines(tmp_path):
     out = step_time.split_interleaved(tb)
     assert out["gdpo"]["steps"] == [3, 5, 7] and out["grpo"]["steps"] == [4, 6, 8]
     assert out["paired"]["median"] == round(25.0 / 26.0, 3)
+
+
+def test_the_step_time_target_is_tighter_on_two_gpus():
+    # one GPU: the classmate stage runs between sleeping engines (1.25x); two: it overlaps the forwards (issue 28)
+    step_time = _bench("step_time")
+    assert step_time.verdict(1.15, gpus=1) == "meets the 1.25x target"
+    assert step_time.verdict(1.15, gpus=2) == "misses the 1.1x target"
+    assert step_time.verdict(1.08, gpus=2) == "meets the 1.1x target"
+
+
+def test_an_interleaved_run_without_budget_gets_the_hard_limit():
+    # the CPU check runs without --budget-s: an infinite budget once crashed the call (int(inf)) before the launcher
+    from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT
+
+    step_time = _bench("step_time")
+    assert step_time.interleaved_timeout(float("inf")) == int(HARD_TIMEOUT)
+    assert step_time.interleaved_timeout(1200.0) == 1190  # no 600 s cap: a setsid run may outlive one device call
 
 
 def test_vllm_logprobs_overhead_needs_a_real_vllm():
