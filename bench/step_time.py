@@ -245,13 +245,15 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else None
     code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout, env=env)
     row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
+    tb = launcher_step_scalars(log) if interleave else None
     if code != 0:
         row["log_tail"] = _tail(log, 60)
-        if not (interleave and launcher_step_scalars(log).get("train/timing/step_total")):
+        if not (tb and tb.get("train/timing/step_total")):
             return row
         # an interleaved run stopped by its time limit: the steps it logged are complete measurements
         row["partial"] = True
-    tb = launcher_step_scalars(log) if interleave else tensorboard_scalars(os.path.join(root, "tb"))
+    if tb is None:
+        tb = tensorboard_scalars(os.path.join(root, "tb"))
     row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
     row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     if interleave:

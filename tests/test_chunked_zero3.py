@@ -28,26 +28,17 @@ def _free_port() -> int:
 @pytest.fixture()
 def cpu_worker(monkeypatch):
     """The process state a Ray actor worker has (CPU runtime patches, rank environment), restored afterwards."""
-    import openrlhf.trainer.ray.ppo_actor as ppo_actor
-    import openrlhf.utils.deepspeed.deepspeed as ds_module
-
     from openrlhf_classmate.integration import patches
+    from openrlhf_classmate.testing.ds_policy import cpu_runtime
 
-    for name in ("current_device", "synchronize", "set_device", "empty_cache"):
-        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
-    monkeypatch.setattr(ds_module, "init_device_mesh", ds_module.init_device_mesh)
-    monkeypatch.setattr(ppo_actor, "NaiveReplayBuffer", ppo_actor.NaiveReplayBuffer)
-    for module in (ppo_actor, __import__("openrlhf.trainer.ray.launcher", fromlist=["Actor"])):
-        monkeypatch.setattr(module, "Actor", module.Actor)
-        monkeypatch.setattr(module, "ActorPPOTrainer", getattr(module, "ActorPPOTrainer", None), raising=False)
     for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.setenv(key, os.environ.get(key, ""))
+        monkeypatch.setenv(key, os.environ.get(key, ""))  # the worker's __init__ sets them
     monkeypatch.setenv("LOCAL_RANK", "0")
-    patches.install_experience()
-    patches.install_cpu_runtime()
-    reset_deepspeed_state()  # whatever an earlier test in this process left
-    yield
-    reset_deepspeed_state()  # the group and DeepSpeed's cache of it: a later engine in this process starts clean
+    with cpu_runtime(monkeypatch):
+        patches.install_experience()
+        reset_deepspeed_state()  # whatever an earlier test in this process left
+        yield
+        reset_deepspeed_state()  # the group and DeepSpeed's cache of it: a later engine in this process starts clean
 
 
 def test_zero3_chunked_log_probs_and_gradients_equal_upstream(tmp_path, cpu_worker):
