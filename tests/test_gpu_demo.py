@@ -9,6 +9,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 
 import pytest
@@ -102,6 +103,8 @@ def _parse_demo(argv):
     (["--gpu", "--tiny", "--engine", "hf", "--eval-backend", "vllm"], "the CPU check has no vLLM"),
     (["--gpu", "--budget-s", "0"], "--budget-s must be > 0"),
     (["--gpu", "--tiny", "--enforce-eager"], "--enforce-eager is for vLLM engines"),
+    (["--gpu", "--sequential-rl"], "--sequential-rl orders the two RL runs of --compare-grpo"),
+    (["--sequential-rl"], "--sequential-rl belongs to the GPU demo: add --gpu"),
 ])
 def test_misused_flags_are_refused_with_one_line(capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -116,7 +119,7 @@ def test_a_later_call_with_other_settings_is_refused(tmp_path):
     gpu._check_settings(str(tmp_path), first)
     gpu._check_settings(str(tmp_path), first)  # the same settings go on
     other = gpu.settings_from_args(_parse_demo(["--gpu", "--tiny", "--compare-grpo", "--lr", "3e-4"]))
-    with pytest.raises(SystemExit, match=r"other settings \(compare_grpo, rl differ\).*--fresh"):
+    with pytest.raises(SystemExit, match=r"other settings \(compare_grpo, parallel_rl, rl differ\).*--fresh"):
         gpu._check_settings(str(tmp_path), other)
     # the evaluations' backend may change from one call to the next (each evaluation records its own)
     full = gpu.settings_from_args(_parse_demo(["--gpu"]))
@@ -140,6 +143,8 @@ def test_launcher_flags_are_the_production_layout(classmate):
     assert args.train.batch_size == 512 and args.data.max_samples == 100 * 64  # 100 steps, one optimizer step each
     assert args.ckpt.load_enable and args.ckpt.save_steps == 10 and not args.ckpt.disable_ds
     assert args.data.max_len == s.max_len >= 41 + s.rl.max_new_tokens
+    # fixed KV caches: the engines start without profiling the GPU's memory, so the two runs can share it
+    assert args.engine.kv_cache_gib == 2.0
     eager = parse_args(gpu_launcher_argv("/tmp/run", "policy", "train.jsonl", s.rl, 0, None, engine="vllm",
                                          max_len=s.max_len, enforce_eager=True))
     assert eager.vllm.enforce_eager
@@ -148,6 +153,64 @@ def test_launcher_flags_are_the_production_layout(classmate):
         assert args.vllm.gpu_memory_utilization + args.classmate.gpu_memory_utilization < 1
     else:
         assert args.algo.advantage.estimator == "group_norm" and not args.classmate.model_name_or_path
+
+
+def test_compare_grpo_runs_both_rl_runs_at_once_unless_sequential(tmp_path):
+    from openrlhf_classmate.demo import gpu
+    from openrlhf_classmate.demo.gpu_stages import PARALLEL_SLOWDOWN, GPUDemo
+
+    def demo(*flags):
+        settings = gpu.settings_from_args(_parse_demo(["--gpu", *flags]))
+        return GPUDemo(settings, str(tmp_path / "_".join(flags)), [])
+
+    parallel = demo("--compare-grpo")
+    assert parallel.s.parallel_rl
+    assert parallel.stage_names() == ["warmstart", "eval_before", "rl_parallel", "eval_after", "report"]
+    assert [s.name for s in parallel.stages()] == parallel.stage_names()
+    # with the HF evaluation backend the evaluation before RL runs beside the RL runs (it starts no vLLM engine)
+    hf_eval = demo("--compare-grpo", "--eval-backend", "hf")
+    assert hf_eval.stage_names() == ["warmstart", "rl_parallel", "eval_after", "report"]
+    assert hf_eval.task_names() == ["eval_before", "rl_classmate", "eval_classmate", "rl_grpo", "eval_grpo"]
+    sequential = demo("--compare-grpo", "--sequential-rl")
+    assert not sequential.s.parallel_rl
+    assert sequential.stage_names() == ["warmstart", "eval_before", "rl_classmate", "eval_classmate", "rl_grpo",
+                                        "eval_grpo", "report"]
+    # without a measurement, a run beside another is expected to step slower than alone
+    assert parallel.rl_step("grpo") == pytest.approx(PARALLEL_SLOWDOWN * sequential.rl_step("grpo"))
+    assert not demo().s.parallel_rl  # one RL run: nothing to run beside it
+
+
+def test_a_parallel_stage_runs_its_tasks_at_once_and_marks_itself_done_when_all_are(tmp_path):
+    from openrlhf_classmate.demo import gpu
+    from openrlhf_classmate.demo.gpu_stages import GPUDemo
+
+    out = str(tmp_path)
+    demo = GPUDemo(gpu.settings_from_args(_parse_demo(["--gpu", "--tiny", "--compare-grpo"])), out, [])
+    started, barrier = {}, threading.Barrier(2, timeout=10)
+
+    def task(name, finish=True):
+        def run(deadline):
+            started[name] = time.time()
+            barrier.wait()  # returns only once both tasks run: they do run at once
+            if finish:
+                ST.mark_done(out, name, {})
+            return finish
+        return run
+
+    assert not demo._run_at_once("rl_parallel", [("a", task("a")), ("b", task("b", finish=False))], time.time() + 60)
+    assert ST.is_done(out, "a") and not ST.is_done(out, "rl_parallel")
+    assert set(demo.timings.data) == {"a", "b"}  # each task's wall time, written from its thread
+    # the next call runs only what is left; the stage is done once every task is
+    barrier = threading.Barrier(1, timeout=10)
+    assert demo._run_at_once("rl_parallel", [("a", task("a")), ("b", task("b"))], time.time() + 60)
+    assert ST.is_done(out, "rl_parallel") and len(demo.timings.data["a"]["seconds"]) == 1
+
+    def failing(deadline):
+        raise SystemExit("error: stage c failed")
+
+    with pytest.raises(SystemExit, match="stage c failed"):
+        demo._run_at_once("eval_after", [("c", failing), ("d", task("d"))], time.time() + 60)
+    assert ST.is_done(out, "d") and not ST.is_done(out, "eval_after")  # the other task still finished
 
 
 # ── stages and budget ──
@@ -354,3 +417,31 @@ def test_tiny_gpu_demo_on_cpu_runs_its_stages_across_calls_and_redoes_nothing(tm
     assert code == 0 and "every stage is done" in log and "[warmstart]" not in log, log
     assert {n: os.path.getmtime(ST.marker_path(out, n)) for n in markers} == markers
     assert seconds < 30
+
+
+@pytest.mark.slow
+def test_tiny_gpu_demo_on_cpu_runs_both_rl_runs_at_once(tmp_path):
+    """--compare-grpo: classmate GDPO and plain GRPO as two launchers at once (each with its own Ray instance),
+    the evaluation before RL beside them (HF backend), then both evaluations after at once."""
+    out = str(tmp_path / "demo")
+    code, log, _ = _demo(out, "--compare-grpo")
+    assert code == 0, log[-4000:]
+    assert "[rl_parallel]" in log and "[eval_after]" in log and "every stage is done" in log
+    for name in ("eval_before", "rl_classmate", "rl_grpo", "eval_classmate", "eval_grpo", "rl_parallel",
+                 "eval_after", "report"):
+        assert ST.is_done(out, name), name
+    timings = ST.Timings(out)
+    both = timings.total("rl_classmate") + timings.total("rl_grpo") + timings.total("eval_before")
+    # at once: the stage took about as long as its longest task, well under the three in turn
+    assert timings.total("rl_parallel") < 0.8 * both, timings.data
+    assert timings.total("rl_parallel") >= max(timings.total("rl_classmate"), timings.total("rl_grpo"))
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert {(r["run"], r["step"]) for r in rows} == {(run, s) for run in ("classmate", "grpo") for s in (1, 2, 3, 4)}
+    for run in ("classmate", "grpo"):
+        launcher_log = open(os.path.join(out, "runs", run, "launcher.log")).read()
+        assert launcher_log.count("Started a local Ray instance") == 1, run  # its own, not the other run's
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert set(summary["eval"]) == {"before", "classmate", "grpo"}
+    assert summary["timings"]["total"] == pytest.approx(sum(
+        timings.total(n) for n in ("warmstart", "rl_parallel", "eval_after")), abs=0.01)
+    assert set(summary["task_timings"]) == {"eval_before", "rl_classmate", "eval_classmate", "rl_grpo", "eval_grpo"}

@@ -170,7 +170,9 @@ class EngineFactory:
         elif cfg.placement == "share":
             shared_pg = self.policy_pg
         shares_a_gpu = cfg.placement != "separate"
-        if shares_a_gpu:
+        # vLLM sizes its KV cache by profiling the GPU's free memory (unless --engine.kv_cache_gib fixes the size)
+        profiles = shares_a_gpu and args.engine.kv_cache_gib is None
+        if profiles:
             wait_until_ready(self.policy_engines)  # the policy engines may still be profiling GPU memory
         groups = []
         for k, path in enumerate(cfg.model_name_or_path):
@@ -190,7 +192,7 @@ class EngineFactory:
                 agent_func_path=CLASSMATE_EXECUTOR_PATH,
                 remote_rm_url=None,
             ))
-            if shares_a_gpu:
+            if profiles:
                 wait_until_ready(groups[-1])  # before the next group, and before upstream loads actor/ref models
         return groups, colocated
 
@@ -232,8 +234,9 @@ def run(args) -> TrainerFactory:
     from openrlhf.cli import train_ppo_ray as upstream
 
     from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
+    from openrlhf_classmate.integration.vllm_engine import engine_env
 
-    init_ray(args, reward_env(args))
+    init_ray(args, {**reward_env(args), **engine_env(args)})
     patches.install_experience()
     engines = EngineFactory(args)
     trainer = TrainerFactory(args, engines)

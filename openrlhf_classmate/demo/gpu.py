@@ -37,6 +37,7 @@ class GPUSettings:
     eval_backend: str  # cli.evaluate's generation backend for the held-out evaluations
     enforce_eager: bool  # RL engines without CUDA graphs (a fallback; the production layout captures them)
     compare_grpo: bool
+    parallel_rl: bool  # with compare_grpo: both RL runs at once on the one GPU (default), or one after the other
     sizes: G.Sizes
     num_eval: int  # held-out problems
     eval_samples: int  # main-model samples per held-out problem (temperature 1)
@@ -62,7 +63,8 @@ class GPUSettings:
 
 
 FULL = GPUSettings(
-    seed=0, tiny=False, engine="vllm", eval_backend="vllm", enforce_eager=False, compare_grpo=False, sizes=G.FULL_SIZES, num_eval=400,
+    seed=0, tiny=False, engine="vllm", eval_backend="vllm", enforce_eager=False, compare_grpo=False, parallel_rl=False,
+    sizes=G.FULL_SIZES, num_eval=400,
     eval_samples=8,
     main_sft_steps=1500, classmate_sft_steps=400, sft_batch=256, sft_lr=1e-3, main_pool_problems=24_000,
     classmate_pool_problems=8_000,
@@ -91,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--enforce-eager", action="store_true",
                      help="with --gpu: RL engines without CUDA graphs (--vllm.enforce_eager), a fallback where their "
                           "capture fails; the production layout (default) uses them")
+    gpu.add_argument("--sequential-rl", action="store_true",
+                     help="with --gpu --compare-grpo: run plain GRPO after classmate GDPO instead of both at once on "
+                          "the one GPU (each launcher then has the host to itself; the demo takes longer)")
     gpu.add_argument("--lr", type=float, default=None, help="with --gpu: the RL learning rate (default 1e-4)")
     gpu.add_argument("--budget-s", type=float, default=None,
                      help="with --gpu: seconds this call may take; a stage that would not fit is left to the next "
@@ -102,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--_stage", default=None, help=argparse.SUPPRESS)  # internal: one stage in a child process
 
 
-GPU_ONLY = ("tiny", "engine", "eval_backend", "enforce_eager", "lr", "budget_s", "rl_steps_per_call", "fresh", "_stage")
+GPU_ONLY = ("tiny", "engine", "eval_backend", "enforce_eager", "sequential_rl", "lr", "budget_s", "rl_steps_per_call", "fresh", "_stage")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -124,6 +129,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--enforce-eager is for vLLM engines; the CPU check (--engine hf) has none: drop it")
     if args.eval_backend == "vllm" and engine == "hf":
         parser.error("--eval-backend vllm with --engine hf: the CPU check has no vLLM; drop --eval-backend")
+    if args.sequential_rl and not args.compare_grpo:
+        parser.error("--sequential-rl orders the two RL runs of --compare-grpo: add --compare-grpo, or drop it")
     for name in ("budget_s", "lr"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
@@ -136,6 +143,7 @@ def settings_from_args(args: argparse.Namespace) -> GPUSettings:
     rl = dataclasses.replace(base.rl, steps=args.steps or base.rl.steps, lr=args.lr or base.rl.lr)
     engine = args.engine or ("hf" if args.tiny else "vllm")
     return dataclasses.replace(base, seed=args.seed, compare_grpo=args.compare_grpo, rl=rl, engine=engine,
+                               parallel_rl=args.compare_grpo and not args.sequential_rl,
                                eval_backend=args.eval_backend or engine, enforce_eager=args.enforce_eager)
 
 

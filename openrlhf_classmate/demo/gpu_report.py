@@ -102,6 +102,8 @@ def write_report(demo) -> None:
         "eval": {"before": before, **after},
         "curves": curves,
         "timings": {**timings, "total": total},
+        # each evaluation's and RL run's own wall time (in parallel mode several run within one stage)
+        "task_timings": {name: demo.timings.total(name) for name in demo.task_names()},
         "rl_measured": {run: {k: v for k, v in demo.timings.data.get(f"rl_{run}", {}).items() if k != "seconds"}
                         for run in s.runs},
         "mismatch": mismatch_summary(rows),

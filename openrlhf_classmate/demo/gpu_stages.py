@@ -13,19 +13,21 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 from openrlhf_classmate.demo import gpu_world as G
 from openrlhf_classmate.demo import world as W
 from openrlhf_classmate.demo.stages import Stage, Timings, is_done, mark_done, run_stages
 
-# Seconds on one H100, estimated from the earlier device runs (bench/GPU_RESULTS.md section 3); an output folder's
+# Seconds on one H100, from the device run of 2026-11-25 (bench/GPU_RESULTS.md section 4); an output folder's
 # own measurements (stages/timings.json) replace them as soon as it has some
-H100 = {"warmstart": 120, "eval": 60, "report": 15, "rl_startup": {"classmate": 240, "grpo": 170},
-        "rl_step": {"classmate": 3.5, "grpo": 3.0}, "rl_end": 20}
+H100 = {"warmstart": 185, "eval": 115, "report": 15, "rl_startup": {"classmate": 240, "grpo": 200},
+        "rl_step": {"classmate": 5.6, "grpo": 4.5}, "rl_end": 20}
 CPU_TINY = {"warmstart": 30, "eval": 20, "report": 15, "rl_startup": {"classmate": 60, "grpo": 50},
             "rl_step": {"classmate": 3.0, "grpo": 3.0}, "rl_end": 10}
 RUN_TITLES = {"classmate": "classmate GDPO", "grpo": "plain GRPO"}
+PARALLEL_SLOWDOWN = 1.3  # two RL runs at once: each step waits on a busier host (an estimate until measured)
 
 
 def line(text: str) -> None:
@@ -45,7 +47,7 @@ class GPUDemo:
         if settings.engine == "vllm" and settings.tiny:
             self.est.update(warmstart=40, rl_step={"classmate": 1.0, "grpo": 1.0})
         if settings.engine == "vllm" and settings.eval_backend == "hf":
-            self.est["eval"] = 25
+            self.est["eval"] = 60
         self._splits = None
 
     # ── paths and shared data ──
@@ -66,11 +68,25 @@ class GPUDemo:
                                          G.SPEC)
         return self._splits
 
+    @property
+    def eval_before_alone(self) -> bool:
+        """In parallel mode the evaluation before RL runs beside the RL runs, unless it starts vLLM engines (their
+        memory profiling would see the RL engines' allocations)."""
+        return not self.s.parallel_rl or self.s.eval_backend == "vllm"
+
     def stage_names(self) -> list[str]:
+        """The stages one call runs in turn (each writes its marker)."""
+        if self.s.parallel_rl:
+            return ["warmstart"] + (["eval_before"] if self.eval_before_alone else []) + [
+                "rl_parallel", "eval_after", "report"]
         names = ["warmstart", "eval_before"]
         for run in self.s.runs:
             names += [f"rl_{run}", f"eval_{run}"]
         return names + ["report"]
+
+    def task_names(self) -> list[str]:
+        """The evaluations and RL runs (each writes its marker, also where a parallel stage runs several)."""
+        return ["eval_before"] + [f"{kind}_{run}" for run in self.s.runs for kind in ("rl", "eval")]
 
     def all_done(self) -> bool:
         return all(is_done(self.out, name) for name in self.stage_names())
@@ -86,6 +102,8 @@ class GPUDemo:
                   self._eval_estimate,
                   self._isolated("eval_before") if isolate else lambda _: self.evaluate("eval_before")),
         ]
+        if self.s.parallel_rl:
+            return out[: 1 + self.eval_before_alone] + self._parallel_stages() + [self._report_stage()]
         for run in self.s.runs:
             out += [
                 Stage(f"rl_{run}", f"{RUN_TITLES[run]} through the launcher ({self.s.engine} engines)",
@@ -97,8 +115,75 @@ class GPUDemo:
                       (self._isolated(f"eval_{run}") if isolate
                        else lambda _, run=run: self.evaluate(f"eval_{run}"))),
             ]
-        return out + [Stage("report", "metrics.jsonl, curves.png, summary.md", lambda: self.est["report"],
-                            lambda _: self.report())]
+        return out + [self._report_stage()]
+
+    def _report_stage(self) -> Stage:
+        return Stage("report", "metrics.jsonl, curves.png, summary.md", lambda: self.est["report"],
+                     lambda _: self.report())
+
+    # ── parallel mode: both RL runs at once, on one GPU ──
+    def _parallel_stages(self) -> list[Stage]:
+        """Both RL runs (and, with the HF evaluation backend, the evaluation before them) at once, then both
+        evaluations after. Each run is its own launcher with its own Ray instance and fixed-size vLLM KV caches
+        (``--engine.kv_cache_gib``), so neither profiles the memory the other allocates; the models are small, so
+        the GPU is far from full and each step mostly waits on the host, where two runs overlap well."""
+        rl_tasks = [] if self.eval_before_alone else [("eval_before", self._eval_task("eval_before"))]
+        rl_tasks += [(f"rl_{run}", lambda deadline, run=run: self.rl(run, deadline)) for run in self.s.runs]
+        eval_tasks = [(f"eval_{run}", self._eval_task(f"eval_{run}")) for run in self.s.runs]
+        runs = " and ".join(RUN_TITLES[run] for run in self.s.runs)
+        return [
+            Stage("rl_parallel", f"{runs} at once through the launcher ({self.s.engine} engines)"
+                  + ("" if self.eval_before_alone else ", beside the held-out evaluation of the warm start"),
+                  lambda: max(self.rl_estimate(run) for run in self.s.runs),
+                  lambda deadline: self._run_at_once("rl_parallel", rl_tasks, deadline),
+                  min_part_s=max(self.rl_startup(run) + self.s.rl.save_every * self.rl_step(run)
+                                 for run in self.s.runs) + 30),
+            Stage("eval_after", "held-out evaluations after RL" + (" at once" if self._evals_at_once else ""),
+                  lambda: self._eval_estimate() * (1 if self._evals_at_once else len(eval_tasks)),
+                  lambda deadline: self._run_at_once("eval_after", eval_tasks, deadline,
+                                                     at_once=self._evals_at_once)),
+        ]
+
+    @property
+    def _evals_at_once(self) -> bool:
+        """Both evaluations after RL at once: in their own processes (``--engine vllm``; transformers' model loading
+        is not thread-safe) and without vLLM (its evaluation engines profile the GPU's memory: one at a time)."""
+        return self.s.engine == "vllm" and self.s.eval_backend == "hf"
+
+    def _eval_task(self, name: str):
+        return self._isolated(name) if self.s.engine == "vllm" else lambda _: self.evaluate(name)
+
+    def _run_at_once(self, stage: str, tasks: list, deadline: float, at_once: bool = True) -> bool:
+        """Run the tasks that are not done (each in a thread, or in turn), record each one's wall time, and mark
+        ``stage`` done when every task is. A failed task fails the stage once the others have ended."""
+        todo = [(name, task) for name, task in tasks if not is_done(self.out, name)]
+        self.splits()  # computed once, before the threads read it
+        results: dict[str, bool | BaseException] = {}
+
+        def work(name: str, task) -> None:
+            started = time.time()
+            try:
+                results[name] = task(deadline)
+            except BaseException as e:  # noqa: BLE001 (SystemExit from a failed child stage included)
+                results[name] = e
+            self.timings.add(name, time.time() - started)
+
+        if at_once:
+            threads = [threading.Thread(target=work, args=(name, task), name=name) for name, task in todo]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        else:
+            for name, task in todo:
+                work(name, task)
+        for name, _ in todo:
+            if isinstance(results[name], BaseException):
+                raise results[name]
+        if all(is_done(self.out, name) for name, _ in tasks):
+            mark_done(self.out, stage, {"tasks": [name for name, _ in tasks], "at_once": at_once})
+            return True
+        return False
 
     def run(self) -> int:
         if self.s.engine == "hf" and not self.all_done():
@@ -152,9 +237,14 @@ class GPUDemo:
                 or self.est["rl_startup"][run])
 
     def rl_step(self, run: str) -> float:
+        """Seconds per step: this run's last measurement, else the other run's, else the default estimate (times
+        :data:`PARALLEL_SLOWDOWN` for a run beside another)."""
         other = "grpo" if run == "classmate" else "classmate"
-        return (self.timings.last(f"rl_{run}", "step_s") or self.timings.last(f"rl_{other}", "step_s")
-                or self.est["rl_step"][run])
+        own = self.timings.last(f"rl_{run}", "step_s")
+        if own:
+            return own
+        return (self.timings.last(f"rl_{other}", "step_s")
+                or self.est["rl_step"][run] * (PARALLEL_SLOWDOWN if self.s.parallel_rl else 1.0))
 
     def rl_estimate(self, run: str) -> float:
         from openrlhf_classmate.demo.rl_stage import checkpoint_step
@@ -244,7 +334,12 @@ class GPUDemo:
         def on_step(step: int, status: dict, elapsed: float) -> None:
             line(f"{step_line(run, step, steps, status)}  ({elapsed:.0f}s)")
 
-        outcome = RL.run(run_dir, argv, steps=steps, save_every=self.s.rl.save_every,
+        env = None
+        if self.s.parallel_rl:
+            # each run its own vLLM compile cache: the two policy engines would write the same entry at the same
+            # time (each launcher starts a Ray instance of its own: ray.init joins only clusters of `ray start`)
+            env = {"VLLM_CACHE_ROOT": self.path("cache", f"vllm_{run}")}
+        outcome = RL.run(run_dir, argv, steps=steps, save_every=self.s.rl.save_every, env=env,
                          deadline=deadline, max_new_steps=self.rl_steps_per_call,
                          step_estimate_s=self.rl_step(run), on_step=on_step)
         self.timings.measure(f"rl_{run}", startup_s=outcome.startup_s, step_s=outcome.step_s)

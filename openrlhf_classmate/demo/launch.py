@@ -93,6 +93,10 @@ def launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: 
 
 
 ENGINE_MEMORY = {"policy": 0.2, "classmate": 0.15}  # fractions of the GPU (those of the vllm1 validation runs)
+# KV cache per engine, fixed (--engine.kv_cache_gib): a step's 512 sequences of <= 176 tokens need ~1.4 GiB in the
+# policy's cache (8 layers x K and V x 512 x bf16 = 16 KiB a token). Fixed, vLLM does not profile the GPU's memory,
+# so the engines start together and two runs can share the GPU (the demo's parallel mode)
+KV_CACHE_GIB = 2.0
 
 
 def gpu_launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, seed: int, classmate: str | None, *,
@@ -109,7 +113,8 @@ def gpu_launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, se
         "--ckpt.max_num", "2", "--ckpt.load_enable",
     ]
     if engine == "vllm":
-        argv += ["--vllm.sync_backend", "nccl", "--vllm.gpu_memory_utilization", str(ENGINE_MEMORY["policy"])]
+        argv += ["--vllm.sync_backend", "nccl", "--vllm.gpu_memory_utilization", str(ENGINE_MEMORY["policy"]),
+                 "--engine.kv_cache_gib", str(KV_CACHE_GIB)]
         argv += ["--vllm.enforce_eager"] if enforce_eager else []
     else:
         argv += ["--vllm.sync_backend", "gloo",

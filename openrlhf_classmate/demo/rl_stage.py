@@ -96,14 +96,14 @@ def _reader(stream, lines: queue.Queue) -> None:
 def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline: float,
         max_new_steps: int | None = None, step_estimate_s: float = 5.0,
         on_step: Callable[[int, dict, float], None] | None = None, kill_grace_s: float = KILL_GRACE_S,
-        program: list[str] | None = None) -> Outcome:
+        program: list[str] | None = None, env: dict[str, str] | None = None) -> Outcome:
     """Run or resume the launcher until the run ends, or stop it at the first checkpoint after which the next one
     would not be written in time, or after ``max_new_steps`` new steps. ``deadline`` (a ``time.time()`` value): when
     the launcher must be gone; stopping it takes up to ``kill_grace_s``.
 
     Past ``deadline - kill_grace_s`` the run is stopped wherever it is (the steps after its last checkpoint are lost).
     Raises ``RuntimeError`` with the log's tail when the launcher fails. ``program``: what runs ``argv`` (default
-    the launcher, ``python -m openrlhf_classmate.cli.train_ppo_ray``)."""
+    the launcher, ``python -m openrlhf_classmate.cli.train_ppo_ray``); ``env``: variables added to its environment."""
     from openrlhf_classmate.testing.e2e import kill_session, release_build_locks
 
     os.makedirs(run_dir, exist_ok=True)
@@ -116,7 +116,7 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
     with open(os.path.join(run_dir, "command.txt"), "w") as f:
         f.write(" ".join(command) + "\n")
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1",
-               HF_HUB_OFFLINE="1", RAY_DEDUP_LOGS="0")
+               HF_HUB_OFFLINE="1", RAY_DEDUP_LOGS="0", **(env or {}))
     log_path = os.path.join(run_dir, "launcher.log")
     t0 = time.time()
     outcome = Outcome(finished=False, step=started_at, started_at=started_at)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,16 +93,18 @@ class Timings:
     def __init__(self, out: str):
         self.path = os.path.join(out, MARKERS, "timings.json")
         self.data: dict = read_json(self.path, {})
+        self._lock = threading.Lock()  # the stages of the GPU demo's parallel mode measure from several threads
 
     def add(self, name: str, seconds: float) -> None:
         self.measure(name, seconds=seconds)
 
     def measure(self, name: str, **values: float | None) -> None:
-        entry = self.data.setdefault(name, {})
-        for key, value in values.items():
-            if value is not None:
-                entry.setdefault(key, []).append(round(value, 3))
-        write_json(self.path, self.data)
+        with self._lock:
+            entry = self.data.setdefault(name, {})
+            for key, value in values.items():
+                if value is not None:
+                    entry.setdefault(key, []).append(round(value, 3))
+            write_json(self.path, self.data)
 
     def total(self, name: str) -> float:
         return sum(self.data.get(name, {}).get("seconds", []))

@@ -281,6 +281,17 @@ class EngineConfig:
         default=64, metadata={"help": "hf backend: most requests batched in one generate call (memory vs speed)",
                               "range": POSITIVE_INT}
     )
+    kv_cache_gib: float | None = field(
+        default=None,
+        metadata={"help": "vllm backend: a fixed KV-cache size in GiB for every engine, policy and classmate (vLLM's "
+                          "kv_cache_memory_bytes). vLLM then skips its start-up profiling of the GPU's free memory, "
+                          "which another process allocating on the same GPU corrupts; so engine groups sharing a GPU "
+                          "start together instead of one after the other, and two runs may share one GPU. "
+                          "--vllm.gpu_memory_utilization / --classmate.gpu_memory_utilization must still be free "
+                          "when each engine starts",
+                  "default_help": "unset (vLLM sizes the cache by profiling)",
+                  "range": Bound(lo=0, lo_open=True, none_ok=True)},
+    )
     no_mismatch_metrics: bool = field(
         default=False,
         metadata={"help": "turn off the per-step train-inference mismatch metrics (mismatch/logprob_abs_diff_mean, "
@@ -391,6 +402,8 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
               "--rollout.max_new_tokens: set --rollout.max_new_tokens")
     _check_think_tags(args)
     engine = args.engine
+    if engine.kv_cache_gib is not None and engine.backend == "hf":
+        _fail("--engine.kv_cache_gib sizes vLLM's KV cache; the HF engines (--engine.backend hf) have none: drop it")
     if engine.no_mismatch_metrics and engine.mismatch_warn_threshold != EngineConfig.mismatch_warn_threshold:
         _fail("--engine.mismatch_warn_threshold warns on the mismatch metrics, which --engine.no_mismatch_metrics "
               "turns off: drop one of the two")

@@ -14,14 +14,37 @@ the classmate engines never, as the HF engine's counter does on CPU.
 
 from __future__ import annotations
 
+import os
+
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+# --engine.kv_cache_gib reaches the engine actors through the environment (the launcher's Ray runtime env):
+# upstream's create_vllm_engines builds their keyword arguments and has no parameter for it
+KV_CACHE_ENV = "OPENRLHF_CLASSMATE_KV_CACHE_BYTES"
+
+
+def engine_env(args) -> dict[str, str]:
+    """The environment the engine actors read: the fixed KV-cache size of ``--engine.kv_cache_gib`` in bytes."""
+    gib = args.engine.kv_cache_gib
+    return {KV_CACHE_ENV: str(int(gib * 2**30))} if gib is not None and args.engine.backend == "vllm" else {}
+
+
+def engine_kwargs(kwargs: dict, environ=os.environ) -> dict:
+    """``vllm.AsyncEngineArgs`` keyword arguments with the launcher's fixed KV-cache size, if it set one: vLLM then
+    reserves that many bytes instead of profiling the GPU's free memory (``kv_cache_memory_bytes``)."""
+    size = environ.get(KV_CACHE_ENV)
+    return {**kwargs, "kv_cache_memory_bytes": int(size)} if size else dict(kwargs)
 
 
 class CountingRolloutActor(RolloutRayActor.__ray_actor_class__):
-    """``RolloutRayActor`` (a Ray ``ActorClass``: subclass the plain class behind it) plus weight-update counts."""
+    """``RolloutRayActor`` (a Ray ``ActorClass``: subclass the plain class behind it) plus weight-update counts and
+    the fixed KV-cache size of ``--engine.kv_cache_gib``."""
 
     _num_weight_updates = 0
     _num_weights_received = 0
+
+    async def __init__(self, *args, **kwargs):
+        await super().__init__(*args, **engine_kwargs(kwargs))
 
     def _count(self, last: bool) -> None:
         self._num_weights_received += 1

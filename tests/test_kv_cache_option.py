@@ -1,0 +1,102 @@
+"""``--engine.kv_cache_gib``: a fixed KV-cache size for every vLLM engine (vLLM's ``kv_cache_memory_bytes``), so that
+vLLM does not profile the GPU's free memory at start-up. The launcher passes it to the engine actors through the Ray
+runtime environment; the engine actor (``integration/vllm_engine.CountingRolloutActor``) hands it to
+``vllm.AsyncEngineArgs`` through upstream's own ``RolloutRayActor.__init__`` (run here, on CPU, up to the engine
+construction). vLLM itself is checked on the GPU (``bench/GPU_RESULTS.md`` section 4: the demo's engines)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+
+import pytest
+
+from openrlhf_classmate.integration.args import parse_args
+
+
+def _args(*extra: str):
+    return parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl", *extra])
+
+
+def test_the_size_is_read_in_gib_and_bad_values_are_refused():
+    assert _args("--engine.backend", "vllm", "--engine.kv_cache_gib", "2").engine.kv_cache_gib == 2.0
+    assert _args("--engine.backend", "vllm").engine.kv_cache_gib is None  # default: vLLM profiles
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            _args("--engine.backend", "vllm", "--engine.kv_cache_gib", bad)
+
+
+def test_hf_engines_refuse_it_with_one_line(capsys):
+    with pytest.raises(SystemExit, match="--engine.kv_cache_gib sizes vLLM's KV cache; the HF engines"):
+        _args("--engine.backend", "hf", "--engine.kv_cache_gib", "2")
+
+
+def test_the_launcher_passes_the_size_in_bytes_to_the_engine_actors():
+    from openrlhf_classmate.integration.vllm_engine import KV_CACHE_ENV, engine_env
+
+    assert engine_env(_args("--engine.backend", "vllm", "--engine.kv_cache_gib", "1.5")) == {
+        KV_CACHE_ENV: str(3 * 2**29)}
+    assert engine_env(_args("--engine.backend", "vllm")) == {}
+    assert KV_CACHE_ENV.startswith("OPENRLHF_CLASSMATE_")  # init_ray forwards these to every Ray worker
+
+
+class _Constructed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("size", [None, str(2 * 2**30)])
+def test_the_engine_actor_gives_vllm_the_size_through_upstreams_init(monkeypatch, size):
+    """Upstream's ``RolloutRayActor.__init__`` runs unchanged up to ``vllm.AsyncEngineArgs(...)``, which records
+    its keyword arguments here (the CPU has no vLLM engine to build)."""
+    import vllm
+    from openrlhf.trainer.ray import vllm_engine as upstream
+
+    from openrlhf_classmate.integration.vllm_engine import KV_CACHE_ENV, CountingRolloutActor
+
+    seen = {}
+
+    def engine_args(*args, **kwargs):
+        seen.update(kwargs)
+        raise _Constructed
+
+    monkeypatch.setattr(upstream.vllm, "AsyncEngineArgs", engine_args)
+    monkeypatch.setattr(vllm, "__version__", "0.26.0", raising=False)
+    for name in ("VLLM_ALLOW_INSECURE_SERIALIZATION", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # upstream's init sets them; restored afterwards
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # in a Ray worker upstream reads it from the driver
+    if size is None:
+        monkeypatch.delenv(KV_CACHE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KV_CACHE_ENV, size)
+    actor = object.__new__(CountingRolloutActor)
+    with pytest.raises(_Constructed):
+        asyncio.run(actor.__init__(model="m", num_gpus=0.2, distributed_executor_backend="uni", seed=3,
+                                   gpu_memory_utilization=0.2))
+    assert seen["model"] == "m" and seen["seed"] == 3 and seen["gpu_memory_utilization"] == 0.2
+    if size is None:
+        assert "kv_cache_memory_bytes" not in seen
+    else:
+        assert seen["kv_cache_memory_bytes"] == 2 * 2**30 and math.isclose(seen["kv_cache_memory_bytes"] / 2**30, 2)
+
+
+def test_engine_groups_on_one_gpu_start_together_only_with_a_fixed_size(monkeypatch):
+    """Without a fixed size each group waits for the one before it (vLLM's profiling must not see another engine
+    allocate); with one, the classmate group starts at once."""
+    from openrlhf_classmate.cli import train_ppo_ray as launcher
+    from openrlhf_classmate.integration import patches
+
+    waited: list = []
+    monkeypatch.setattr(launcher, "wait_until_ready", waited.append)
+    for kv, waits in ((None, 2), (2.0, 0)):
+        args = _args("--engine.backend", "vllm", "--classmate.model_name_or_path", "c",
+                     "--rollout.n_samples_per_prompt", "4", "--vllm.num_engines", "1", "--train.colocate_all", "--classmate.placement", "colocate",
+                     *(["--engine.kv_cache_gib", str(kv)] if kv else []))
+        waited.clear()
+        monkeypatch.setattr(patches, "recorded_placement_groups", lambda: ["pg"])
+        factory = launcher.EngineFactory(args)
+        factory.policy_engines = ["policy engine"]
+        monkeypatch.setattr(factory, "create", lambda **kw: [f"classmate engine in {kw['shared_pg']}"])
+        groups, colocated = factory.classmate()
+        assert groups == [["classmate engine in pg"]] and colocated
+        assert len(waited) == waits, (kv, waited)
