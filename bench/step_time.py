@@ -32,6 +32,11 @@ token`` (upstream's own log-prob request, with ``--mismatch off``). The three va
 JSON files (``step_time_<N>gpu[_mismatch-off][_is-token].json``), so the generation row can be compared across them;
 the per-step ``mismatch/*`` values are in each run's ``per_step``.
 
+Metric syncs (issue 26): ``--per-key-syncs`` sets ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` for the launcher, which
+restores upstream's per-metric ``.item()`` and per-key ``all_reduce`` in the actor update (about three host syncs per
+metric and micro-batch; ``integration/strategy.py``), the "before" of the one-transfer path the launcher uses by
+default. Its work folders and JSON file carry ``_per-key-syncs``; compare the ``actor update`` row with a run without it.
+
 ``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
 """
 
@@ -50,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
+from openrlhf_classmate.integration.strategy import PER_KEY_SYNCS_ENV  # noqa: E402
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
 from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
 
@@ -82,7 +88,8 @@ LEVELS = ["mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mi
 
 def variant(a) -> str:
     """The suffix of this variant's work folders and JSON file (empty for the launcher's defaults)."""
-    return ("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
+    return (("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
+            + ("_per-key-syncs" if a.per_key_syncs else ""))
 
 
 def build_model(path: str, shape: dict, seed: int) -> str:
@@ -242,7 +249,9 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     os.makedirs(root, exist_ok=True)
     log = os.path.join(root, "launcher.log")
     t0 = time.time()
-    env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else None
+    env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else {}
+    if a.per_key_syncs:
+        env[PER_KEY_SYNCS_ENV] = "1"
     code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout, env=env)
     row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
     tb = launcher_step_scalars(log) if interleave else None
@@ -401,6 +410,9 @@ def main() -> None:
                         "off: --engine.no_mismatch_metrics (upstream's request)")
     p.add_argument("--is-correction", choices=("off", "token"), default="off",
                    help="token: upstream's --algo.advantage.is_correction_level token (its own log-prob request)")
+    p.add_argument("--per-key-syncs", action="store_true",
+                   help=f"{PER_KEY_SYNCS_ENV}=1 for the launcher: upstream's per-metric .item() and per-key all_reduce "
+                        "in the actor update (the before of issue 26's one-transfer metrics)")
     p.add_argument("--tiny", action="store_true", help="tiny models (CPU check of the script path)")
     p.add_argument("--models", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time_models"))
     p.add_argument("--work", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time"))
@@ -436,7 +448,8 @@ def main() -> None:
         "shape": shape, "vocab_size": shape["vocab_size"],
         "batch": f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, classmate "
                  f"{a.classmate_new_tokens} new tokens",
-        "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction, "runs": {},
+        "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction,
+        "per_key_syncs": a.per_key_syncs, "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)
     if a.interleave:

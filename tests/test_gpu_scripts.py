@@ -109,16 +109,23 @@ def test_step_time_runs_parse(gpus, classmate):
 
 
 def test_step_time_mismatch_variants_parse_and_keep_apart():
-    # the GPU before/after pair of issue 25: metrics on (default), off (upstream's request), upstream's IS request
+    # the GPU before/after pairs of issue 25: metrics on (default), off (upstream's request), upstream's IS request;
+    # of issue 26: upstream's per-key metric syncs (an environment switch, the launcher's flags unchanged)
     step_time = _bench("step_time")
     seen = {}
-    for mismatch, is_correction in (("on", "off"), ("off", "off"), ("off", "token")):
+    for mismatch, is_correction, per_key in (("on", "off", False), ("off", "off", False), ("off", "token", False),
+                                             ("on", "off", True)):
         a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
                             train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=1, mismatch=mismatch,
-                            is_correction=is_correction)
-        args = parse_args(step_time.launcher_argv(a, "policy", None, "d.jsonl", "/tmp/x"))
+                            is_correction=is_correction, per_key_syncs=per_key)
+        argv = step_time.launcher_argv(a, "policy", None, "d.jsonl", "/tmp/x")
+        args = parse_args(argv)
         seen[step_time.variant(a)] = (args.engine.no_mismatch_metrics, args.algo.advantage.is_correction_level)
-    assert seen == {"": (False, "off"), "_mismatch-off": (True, "off"), "_mismatch-off_is-token": (True, "token")}
+        if per_key:
+            assert argv == step_time.launcher_argv(SimpleNamespace(**{**vars(a), "per_key_syncs": False}),
+                                                   "policy", None, "d.jsonl", "/tmp/x")
+    assert seen == {"": (False, "off"), "_mismatch-off": (True, "off"), "_mismatch-off_is-token": (True, "token"),
+                    "_per-key-syncs": (False, "off")}
 
 
 def test_qwen_shaped_tokenizer_has_exactly_qwens_vocabulary(tmp_path):

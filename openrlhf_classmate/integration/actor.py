@@ -10,6 +10,12 @@ hands the classmate tensors (``classmate_advantages``, ``cot_mask``, ``classmate
 keyword arguments, so ``training_step`` itself is not copied. Anything the loss reports goes into
 ``experience.info``, which upstream logs. Its :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard` keeps
 non-finite rewards, advantages, losses and gradients away from the optimizer.
+
+Upstream's ``ppo_train`` reads each tensor metric of a micro-batch back with ``value.float().mean().item()``, one
+host sync per metric (~60 for GDPO). ``training_step`` hands it those means as python floats read in one transfer
+(:func:`metrics_to_host`), so upstream takes its ``value * scale`` branch with the same numbers; our strategy then
+reduces the dict in one collective (``integration/strategy.py``). ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1``
+(the benchmark's switch) leaves the tensors to upstream.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from openrlhf_classmate.integration.chunked_actor import (
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
 from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
+from openrlhf_classmate.integration.strategy import per_key_syncs
 from openrlhf_classmate.integration.weight_check import LoadCheckedActor, load_checked_class
 
 
@@ -100,6 +107,19 @@ def build_classmate_loss(args) -> tuple[torch.nn.Module, tuple[str, ...], bool] 
     return loss, ("classmate_advantages",), False
 
 
+def metrics_to_host(metrics: dict, weights: dict) -> None:
+    """Replace, in place, each tensor metric that ``ppo_train`` reduces (its weight is not None) by
+    ``value.float().mean().item()``, read back in one transfer per device (float32 means stacked, ``tolist``: the
+    same floats). Other values, and the metrics upstream keeps as they are (weight None), are untouched."""
+    by_device: dict[torch.device, list[str]] = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and weights.get(key) is not None:
+            by_device.setdefault(value.device, []).append(key)
+    with torch.no_grad():
+        for keys in by_device.values():
+            metrics.update(zip(keys, torch.stack([metrics[k].float().mean() for k in keys]).tolist()))
+
+
 class ClassmateActorPPOTrainer(ActorPPOTrainer):
     current_experience = None
 
@@ -125,9 +145,12 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         self.current_experience = experience
         self.nonfinite.check_experience(experience)
         try:
-            return super().training_step(experience, kl_ctl, step, loss_batch_info)
+            status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
             self.current_experience = None
+        if not per_key_syncs():
+            metrics_to_host(status["metrics"], status["weights"])
+        return status
 
 
 class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):

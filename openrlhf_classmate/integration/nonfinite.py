@@ -5,7 +5,8 @@ check), never under ZeRO-3 bf16 or fp32, and says nothing. Here, for every optim
 
 * each micro-batch's rewards and advantages (main and classmate, over the action tokens) are checked when upstream's
   ``training_step`` starts (:meth:`NonfiniteGuard.check_experience`), its loss before the backward
-  (:meth:`check_loss`, called by our strategy's ``backward``);
+  (:meth:`check_loss`, called by our strategy's ``backward``); the checks are counted on the device, nothing is read
+  back to the host per micro-batch (the counts are read once, at the boundary);
 * at the gradient-accumulation boundary the ranks agree (one all-reduce) whether any micro-batch of the window was
   non-finite; DeepSpeed's optimizer wrapper then computes the global gradient norm as always, and the inner
   optimizer's ``step`` (wrapped once, :meth:`install`) runs only when the window is clean and that norm is finite.
@@ -30,25 +31,37 @@ logger = init_logger(__name__)
 POINTS = ("rewards", "advantages", "loss", "gradient norm")
 
 
-def nonfinite_points(experience) -> list[str]:
-    """Which inputs of a micro-batch hold a non-finite value: ``rewards`` (episode rewards / logged reward),
-    ``advantages`` (main or classmate, on the action tokens)."""
-    found = []
+def nonfinite_flags(experience) -> dict[str, torch.Tensor | bool]:
+    """Whether a micro-batch's ``rewards`` (episode rewards / logged reward) and ``advantages`` (main or classmate,
+    on the action tokens) hold a non-finite value: a bool where the inputs are in host memory, else a 0-dim bool
+    tensor on their device, computed without reading anything back (a read would wait for the GPU: one host sync
+    per check and micro-batch)."""
     rewards = [_tensor(t) for t in (getattr(experience, "rewards", None), experience.info.get("reward"))
                if t is not None]
-    if any(not bool(torch.isfinite(t).all()) for t in rewards):
-        found.append("rewards")
     mask = experience.action_mask
+    advantages = []
     for name in ("advantages", "classmate_advantages"):
         value = getattr(experience, name, None)
         if value is None:
             continue
+        finite = torch.isfinite(value.float())
         if mask is not None and value.shape == mask.shape:
-            value = value[mask.bool()]
-        if not bool(torch.isfinite(value.float()).all()):
-            found.append("advantages")
-            break
-    return found
+            finite = finite | ~mask.bool()  # only the action tokens count
+        advantages.append(finite)
+    return {"rewards": _any_nonfinite([torch.isfinite(t) for t in rewards]),
+            "advantages": _any_nonfinite(advantages)}
+
+
+def _any_nonfinite(finite: list[torch.Tensor]) -> torch.Tensor | bool:
+    """Any False in the ``isfinite`` masks: a bool for host tensors, a device tensor as soon as one is on a device."""
+    in_host, on_device = False, None
+    for t in finite:
+        bad = ~t.all()
+        if t.device.type == "cpu":
+            in_host = in_host or bool(bad)
+        else:
+            on_device = bad if on_device is None else on_device | bad
+    return on_device if on_device is not None and not in_host else in_host
 
 
 def _tensor(value) -> torch.Tensor:
@@ -66,7 +79,7 @@ class NonfiniteGuard:
     def __init__(self, engine, max_consecutive: int):
         self.engine = engine
         self.max_consecutive = max_consecutive
-        self.window = dict.fromkeys(POINTS[:3], 0)  # non-finite micro-batches of this optimizer window, this rank
+        self._window: torch.Tensor | None = None  # see `window`
         self.skip_window = False  # decided at the boundary, for all ranks
         self.skipped_now: list[str] = []
         self.total = 0  # skipped updates in this run
@@ -117,26 +130,39 @@ class NonfiniteGuard:
 
     # ── hooks ──
 
+    @property
+    def window(self) -> torch.Tensor:
+        """Non-finite micro-batches of this optimizer window on this rank, per point (rewards, advantages, loss): a
+        float64 tensor on the device, added to without a host read and read once, at the boundary."""
+        if self._window is None:
+            self._window = torch.zeros(3, dtype=torch.float64, device=torch.cuda.current_device())
+        return self._window
+
+    def _count(self, index: int, bad: torch.Tensor | bool) -> None:
+        if isinstance(bad, torch.Tensor):
+            self.window[index] += bad.to(self.window.device)
+        elif bad:
+            self.window[index] += 1
+
     def check_experience(self, experience) -> None:
-        for point in nonfinite_points(experience):
-            self.window[point] += 1
+        flags = nonfinite_flags(experience)
+        self._count(0, flags["rewards"])
+        self._count(1, flags["advantages"])
 
     def check_loss(self, loss: torch.Tensor) -> None:
-        if not bool(torch.isfinite(loss.detach()).all()):
-            self.window["loss"] += 1
+        self._count(2, _any_nonfinite([torch.isfinite(loss.detach())]))
 
     def before_step(self) -> bool:
         """Before ``engine.step()``; True at a gradient-accumulation boundary (the ranks agree on the window)."""
         if not self.engine.is_gradient_accumulation_boundary():
             return False
-        counts = torch.tensor([self.window[p] for p in POINTS[:3]], dtype=torch.float64,
-                              device=torch.cuda.current_device())
+        counts = self.window.clone()
         if dist.is_initialized():
             dist.all_reduce(counts)
         self.skipped_now = [p for p, n in zip(POINTS, counts.tolist()) if n > 0]
         self.skip_window = bool(self.skipped_now)
         self.norm_nonfinite = False
-        self.window = dict.fromkeys(POINTS[:3], 0)
+        self.window.zero_()
         scheduler = self.engine.lr_scheduler
         self._saved = (scheduler.state_dict() if scheduler is not None else None,
                        [g["lr"] for g in self.engine.optimizer.param_groups])

@@ -12,6 +12,14 @@
 * ``backward`` / ``optimizer_step`` of a model carrying a ``nonfinite_guard`` (the policy:
   :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard`) check the loss, and skip an update whose
   inputs, loss or gradient norm are not finite.
+* ``all_reduce`` of a flat dict of numbers (``ppo_train`` reduces one per micro-batch: about 60 keys for GDPO) or of
+  one-element float32 tensors packs it into one float32 tensor and makes one collective, where upstream makes one per
+  key with a host-to-device and a device-to-host copy each (:func:`packable`). The values are upstream's bit for bit
+  on one or two ranks (and for ``max`` on any number); on three or more, a sum's terms may be added in another order
+  by the collective (gloo: 10 of 60 values differed in the last bit on 3 ranks), as for any change of tensor size.
+  ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` restores upstream's per-key path (and upstream's per-metric
+  ``.item()`` in ``ClassmateActorPPOTrainer.training_step``): the benchmark's before/after switch
+  (``bench/step_time.py``), never set in a training run;
 * its DeepSpeed configs turn on ``stage3_allgather_sequential`` on the CPU accelerator (ZeRO-3), the workaround of a
   DeepSpeed defect that loaded uninitialised memory into parameters (:func:`safe_gathers`).
 
@@ -25,6 +33,8 @@ from __future__ import annotations
 import gc
 import os
 
+import torch
+import torch.distributed as dist
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
 from openrlhf_classmate.integration.checkpoints import (
@@ -34,6 +44,35 @@ from openrlhf_classmate.integration.checkpoints import (
     rotate_hf_folders,
     rotate_tags,
 )
+
+PER_KEY_SYNCS_ENV = "OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS"
+
+
+def per_key_syncs() -> bool:
+    """The benchmark switch (module docstring): upstream's per-key metric reads and reductions."""
+    return os.environ.get(PER_KEY_SYNCS_ENV) == "1"
+
+
+def packable(data) -> str | None:
+    """``"numbers"`` / ``"tensors"`` when :meth:`ResilientDeepspeedStrategy.all_reduce` reduces ``data`` in one
+    collective, else None (upstream's path).
+
+    Packed: a non-empty dict whose values are all python numbers (upstream reduces each as ``torch.Tensor([x])``,
+    float32, so one float32 tensor of them holds the same values), or all distinct one-element float32 tensors on one
+    device without grad (upstream divides those in place: another dtype would be divided in that dtype, a leaf that
+    requires grad would raise). Nested dicts, multi-element tensors and mixtures are not. Every rank decides from its
+    own dict; the ranks agree because upstream's callers build the same keys and types on each rank (which upstream's
+    per-key collectives need as well)."""
+    if not isinstance(data, dict) or not data:
+        return None
+    values = list(data.values())
+    if all(isinstance(v, (int, float)) for v in values):
+        return "numbers"
+    if (all(isinstance(v, torch.Tensor) and v.numel() == 1 and v.dtype == torch.float32 and not v.requires_grad
+            for v in values)
+            and len({v.device for v in values}) == 1 and len({id(v) for v in values}) == len(values)):
+        return "tensors"
+    return None
 
 
 def safe_gathers(ds_config: dict) -> dict:
@@ -64,6 +103,32 @@ def safe_gathers(ds_config: dict) -> dict:
 
 
 class ResilientDeepspeedStrategy(DeepspeedStrategy):
+    def all_reduce(self, data, op="mean"):
+        """Upstream's ``all_reduce``, with a :func:`packable` dict reduced in one collective (module docstring)."""
+        kind = None if per_key_syncs() else packable(data)
+        if kind is None:
+            return super().all_reduce(data, op)
+        assert op in ("mean", "max", "sum")
+        keys, values = list(data), list(data.values())
+        # upstream, per value: a CPU tensor (every number) goes to the accelerator device and back; a tensor already
+        # on that device is reduced in place and returned
+        on_cpu = kind == "numbers" or values[0].device.type == "cpu"
+        packed = torch.Tensor(values) if kind == "numbers" else torch.stack([v.reshape(()) for v in values])
+        if on_cpu:
+            packed = packed.to(torch.cuda.current_device())
+        if op == "mean":
+            packed /= self.world_size
+        dist.all_reduce(packed, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        if on_cpu:
+            packed = packed.cpu()
+        if kind == "numbers":
+            return dict(zip(keys, packed.tolist()))
+        in_place = not on_cpu or torch.device(torch.cuda.current_device()).type == "cpu"
+        out = {}
+        for key, value, reduced in zip(keys, values, packed.unbind()):
+            out[key] = value.copy_(reduced.view_as(value)) if in_place else reduced.reshape(value.shape).clone()
+        return out
+
     def backward(self, loss, model, optimizer, **kwargs) -> None:
         guard = getattr(model, "nonfinite_guard", None)
         if guard is not None:
