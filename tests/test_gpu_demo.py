@@ -124,7 +124,7 @@ def test_a_later_call_with_other_settings_is_refused(tmp_path):
     # the evaluations' backend may change from one call to the next (each evaluation records its own)
     full = gpu.settings_from_args(_parse_demo(["--gpu"]))
     gpu._check_settings(str(tmp_path / "full"), full)
-    gpu._check_settings(str(tmp_path / "full"), gpu.settings_from_args(_parse_demo(["--gpu", "--eval-backend", "hf"])))
+    gpu._check_settings(str(tmp_path / "full"), gpu.settings_from_args(_parse_demo(["--gpu", "--eval-backend", "vllm"])))
 
 
 @pytest.mark.parametrize("classmate", [True, False])
@@ -164,13 +164,16 @@ def test_compare_grpo_runs_both_rl_runs_at_once_unless_sequential(tmp_path):
         return GPUDemo(settings, str(tmp_path / "_".join(flags)), [])
 
     parallel = demo("--compare-grpo")
-    assert parallel.s.parallel_rl
-    assert parallel.stage_names() == ["warmstart", "eval_before", "rl_parallel", "eval_after", "report"]
+    assert parallel.s.parallel_rl and parallel.s.eval_backend == "hf"
+    # with the HF evaluation backend (the default) the evaluation before RL runs beside the RL runs
+    assert parallel.stage_names() == ["warmstart", "rl_parallel", "eval_after", "report"]
     assert [s.name for s in parallel.stages()] == parallel.stage_names()
-    # with the HF evaluation backend the evaluation before RL runs beside the RL runs (it starts no vLLM engine)
-    hf_eval = demo("--compare-grpo", "--eval-backend", "hf")
-    assert hf_eval.stage_names() == ["warmstart", "rl_parallel", "eval_after", "report"]
-    assert hf_eval.task_names() == ["eval_before", "rl_classmate", "eval_classmate", "rl_grpo", "eval_grpo"]
+    assert parallel.task_names() == ["eval_before", "rl_classmate", "eval_classmate", "rl_grpo", "eval_grpo"]
+    assert parallel._evals_at_once
+    # a vLLM evaluation profiles the GPU's memory: it runs alone, before the RL runs, and the ones after in turn
+    vllm_eval = demo("--compare-grpo", "--eval-backend", "vllm")
+    assert vllm_eval.stage_names() == ["warmstart", "eval_before", "rl_parallel", "eval_after", "report"]
+    assert [s.name for s in vllm_eval.stages()] == vllm_eval.stage_names() and not vllm_eval._evals_at_once
     sequential = demo("--compare-grpo", "--sequential-rl")
     assert not sequential.s.parallel_rl
     assert sequential.stage_names() == ["warmstart", "eval_before", "rl_classmate", "eval_classmate", "rl_grpo",

@@ -63,7 +63,7 @@ class GPUSettings:
 
 
 FULL = GPUSettings(
-    seed=0, tiny=False, engine="vllm", eval_backend="vllm", enforce_eager=False, compare_grpo=False, parallel_rl=False,
+    seed=0, tiny=False, engine="vllm", eval_backend="hf", enforce_eager=False, compare_grpo=False, parallel_rl=False,
     sizes=G.FULL_SIZES, num_eval=400,
     eval_samples=8,
     main_sft_steps=1500, classmate_sft_steps=400, sft_batch=256, sft_lr=1e-3, main_pool_problems=24_000,
@@ -88,8 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--engine", choices=("vllm", "hf"), default=None,
                      help="with --gpu: vllm (default; needs a GPU and vLLM) or hf (with --tiny: HF engines on CPU)")
     gpu.add_argument("--eval-backend", choices=("vllm", "hf"), default=None,
-                     help="with --gpu: generation backend of the held-out evaluations (default: the --engine's; hf "
-                          "on a GPU skips two vLLM engine starts per evaluation)")
+                     help="with --gpu: generation backend of the held-out evaluations: hf (default: transformers "
+                          "generate on the GPU, ~30-50 s for these small models, and evaluations can run beside the "
+                          "RL runs) or vllm (cli.evaluate's vLLM backend: two engine starts per evaluation, ~2 min)")
     gpu.add_argument("--enforce-eager", action="store_true",
                      help="with --gpu: RL engines without CUDA graphs (--vllm.enforce_eager), a fallback where their "
                           "capture fails; the production layout (default) uses them")
@@ -144,7 +145,7 @@ def settings_from_args(args: argparse.Namespace) -> GPUSettings:
     engine = args.engine or ("hf" if args.tiny else "vllm")
     return dataclasses.replace(base, seed=args.seed, compare_grpo=args.compare_grpo, rl=rl, engine=engine,
                                parallel_rl=args.compare_grpo and not args.sequential_rl,
-                               eval_backend=args.eval_backend or engine, enforce_eager=args.enforce_eager)
+                               eval_backend=args.eval_backend or "hf", enforce_eager=args.enforce_eager)
 
 
 def _check_machine(settings: GPUSettings) -> None:

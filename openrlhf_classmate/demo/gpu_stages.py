@@ -47,7 +47,7 @@ class GPUDemo:
         if settings.engine == "vllm" and settings.tiny:
             self.est.update(warmstart=40, rl_step={"classmate": 1.0, "grpo": 1.0})
         if settings.engine == "vllm" and settings.eval_backend == "hf":
-            self.est["eval"] = 60
+            self.est["eval"] = 50
         self._splits = None
 
     # ── paths and shared data ──
