@@ -209,11 +209,21 @@ def test_a_parallel_stage_runs_its_tasks_at_once_and_marks_itself_done_when_all_
     assert ST.is_done(out, "rl_parallel") and len(demo.timings.data["a"]["seconds"]) == 1
 
     def failing(deadline):
+        time.sleep(0.2)
         raise SystemExit("error: stage c failed")
 
+    def long_task(deadline):  # an RL run: it ends when told to stop (tasks check demo.stop)
+        started["e"] = time.time()
+        while not demo.stop.wait(0.05):
+            if time.time() > deadline:
+                return False
+        return False
+
+    t0 = time.time()
     with pytest.raises(SystemExit, match="stage c failed"):
-        demo._run_at_once("eval_after", [("c", failing), ("d", task("d"))], time.time() + 60)
-    assert ST.is_done(out, "d") and not ST.is_done(out, "eval_after")  # the other task still finished
+        demo._run_at_once("eval_after", [("c", failing), ("e", long_task)], time.time() + 60)
+    # the failure stopped the other task at once instead of letting it run to the call's deadline
+    assert time.time() - t0 < 10 and not ST.is_done(out, "eval_after")
 
 
 # ── stages and budget ──
@@ -288,6 +298,20 @@ os.makedirs(os.path.join(run_dir, "final"))
 open(os.path.join(run_dir, "final", "config.json"), "w").write("{}")
 open(os.path.join(run_dir, "final", "model.safetensors"), "w").write("")
 """
+
+
+def test_an_rl_run_is_stopped_at_once_when_told(tmp_path):
+    from openrlhf_classmate.demo import rl_stage as RL
+
+    run_dir = str(tmp_path / "run")
+    stop = threading.Event()
+    threading.Timer(2.0, stop.set).start()
+    t0 = time.time()
+    outcome = RL.run(run_dir, [run_dir, "40", "4", "0.3"], steps=40, save_every=4, deadline=time.time() + 120,
+                     kill_grace_s=0.5, program=[sys.executable, "-c", STAND_IN], stop=stop)
+    assert not outcome.finished and outcome.stopped.startswith("stopped: another task failed")
+    assert time.time() - t0 < 10  # not the 12 s the 40 steps take, nor the deadline
+    assert "launcher stopped: stopped: another task failed" in open(os.path.join(run_dir, "launcher.log")).read()
 
 
 def test_stop_reason():

@@ -43,6 +43,7 @@ class GPUDemo:
         self.budget_s = float("inf") if budget_s is None else budget_s
         self.rl_steps_per_call = rl_steps_per_call
         self.timings = Timings(out)
+        self.stop = threading.Event()  # set: the tasks of a parallel stage end (a failure, or Ctrl-C)
         self.est = dict(H100 if settings.engine == "vllm" else CPU_TINY)
         if settings.engine == "vllm" and settings.tiny:
             self.est.update(warmstart=40, rl_step={"classmate": 1.0, "grpo": 1.0})
@@ -166,14 +167,27 @@ class GPUDemo:
                 results[name] = task(deadline)
             except BaseException as e:  # noqa: BLE001 (SystemExit from a failed child stage included)
                 results[name] = e
+                if not self.stop.is_set():
+                    # the others stop now (an RL run keeps its last checkpoint): a later call redoes only what is
+                    # left, once the cause is fixed
+                    line(f"{name} failed; stopping the other tasks of {stage}")
+                    self.stop.set()
             self.timings.add(name, time.time() - started)
 
+        self.stop.clear()
         if at_once:
             threads = [threading.Thread(target=work, args=(name, task), name=name) for name, task in todo]
             for thread in threads:
                 thread.start()
-            for thread in threads:
-                thread.join()
+            try:
+                for thread in threads:
+                    while thread.is_alive():  # join in steps: Ctrl-C reaches this thread, not the workers
+                        thread.join(timeout=0.5)
+            except BaseException:
+                self.stop.set()  # each task ends its child processes and returns
+                for thread in threads:
+                    thread.join()
+                raise
         else:
             for name, task in todo:
                 work(name, task)
@@ -209,11 +223,21 @@ class GPUDemo:
             command = [sys.executable, "-m", "openrlhf_classmate.demo", *self.argv, "--_stage", name]
             proc = subprocess.Popen(command, start_new_session=True)
             try:
-                code = proc.wait(timeout=max(1.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                kill_session(proc)
-                line(f"stage {name} ran past the call's budget and was stopped; the next call runs it again")
-                return False
+                while True:
+                    try:
+                        code = proc.wait(timeout=min(1.0, max(0.01, deadline - time.time())))
+                        break
+                    except subprocess.TimeoutExpired:
+                        if time.time() >= deadline:
+                            line(f"stage {name} ran past the call's budget and was stopped; the next call runs it "
+                                 "again")
+                            return False
+                        if self.stop.is_set():
+                            line(f"stage {name} stopped; the next call runs it again")
+                            return False
+            finally:
+                if proc.poll() is None:
+                    kill_session(proc)
             if code != 0:
                 raise SystemExit(f"error: stage {name} failed (exit {code}; its output is above)")
             return is_done(self.out, name)
@@ -339,7 +363,7 @@ class GPUDemo:
             # each run its own vLLM compile cache: the two policy engines would write the same entry at the same
             # time (each launcher starts a Ray instance of its own: ray.init joins only clusters of `ray start`)
             env = {"VLLM_CACHE_ROOT": self.path("cache", f"vllm_{run}")}
-        outcome = RL.run(run_dir, argv, steps=steps, save_every=self.s.rl.save_every, env=env,
+        outcome = RL.run(run_dir, argv, steps=steps, save_every=self.s.rl.save_every, env=env, stop=self.stop,
                          deadline=deadline, max_new_steps=self.rl_steps_per_call,
                          step_estimate_s=self.rl_step(run), on_step=on_step)
         self.timings.measure(f"rl_{run}", startup_s=outcome.startup_s, step_s=outcome.step_s)

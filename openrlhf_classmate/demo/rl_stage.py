@@ -96,14 +96,16 @@ def _reader(stream, lines: queue.Queue) -> None:
 def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline: float,
         max_new_steps: int | None = None, step_estimate_s: float = 5.0,
         on_step: Callable[[int, dict, float], None] | None = None, kill_grace_s: float = KILL_GRACE_S,
-        program: list[str] | None = None, env: dict[str, str] | None = None) -> Outcome:
+        program: list[str] | None = None, env: dict[str, str] | None = None,
+        stop: threading.Event | None = None) -> Outcome:
     """Run or resume the launcher until the run ends, or stop it at the first checkpoint after which the next one
     would not be written in time, or after ``max_new_steps`` new steps. ``deadline`` (a ``time.time()`` value): when
     the launcher must be gone; stopping it takes up to ``kill_grace_s``.
 
     Past ``deadline - kill_grace_s`` the run is stopped wherever it is (the steps after its last checkpoint are lost).
     Raises ``RuntimeError`` with the log's tail when the launcher fails. ``program``: what runs ``argv`` (default
-    the launcher, ``python -m openrlhf_classmate.cli.train_ppo_ray``); ``env``: variables added to its environment."""
+    the launcher, ``python -m openrlhf_classmate.cli.train_ppo_ray``); ``env``: variables added to its environment; ``stop`` (set by another thread): stop the launcher now (the steps
+    after its last checkpoint are lost)."""
     from openrlhf_classmate.testing.e2e import kill_session, release_build_locks
 
     os.makedirs(run_dir, exist_ok=True)
@@ -158,6 +160,9 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
                 now = time.time()
                 if now > deadline - kill_grace_s:  # the stop itself may take kill_grace_s
                     outcome.stopped = "the call's time ran out before the next checkpoint"
+                    break
+                if stop is not None and stop.is_set():
+                    outcome.stopped = "stopped: another task failed, or the call was interrupted"
                     break
                 if last_step_at is None or now - checked_at < CHECK_EVERY_S:
                     continue
