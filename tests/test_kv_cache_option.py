@@ -78,25 +78,3 @@ def test_the_engine_actor_gives_vllm_the_size_through_upstreams_init(monkeypatch
         assert "kv_cache_memory_bytes" not in seen
     else:
         assert seen["kv_cache_memory_bytes"] == 2 * 2**30 and math.isclose(seen["kv_cache_memory_bytes"] / 2**30, 2)
-
-
-def test_engine_groups_on_one_gpu_start_together_only_with_a_fixed_size(monkeypatch):
-    """Without a fixed size each group waits for the one before it (vLLM's profiling must not see another engine
-    allocate); with one, the classmate group starts at once."""
-    from openrlhf_classmate.cli import train_ppo_ray as launcher
-    from openrlhf_classmate.integration import patches
-
-    waited: list = []
-    monkeypatch.setattr(launcher, "wait_until_ready", waited.append)
-    for kv, waits in ((None, 2), (2.0, 0)):
-        args = _args("--engine.backend", "vllm", "--classmate.model_name_or_path", "c",
-                     "--rollout.n_samples_per_prompt", "4", "--vllm.num_engines", "1", "--train.colocate_all", "--classmate.placement", "colocate",
-                     *(["--engine.kv_cache_gib", str(kv)] if kv else []))
-        waited.clear()
-        monkeypatch.setattr(patches, "recorded_placement_groups", lambda: ["pg"])
-        factory = launcher.EngineFactory(args)
-        factory.policy_engines = ["policy engine"]
-        monkeypatch.setattr(factory, "create", lambda **kw: [f"classmate engine in {kw['shared_pg']}"])
-        groups, colocated = factory.classmate()
-        assert groups == [["classmate engine in pg"]] and colocated
-        assert len(waited) == waits, (kv, waited)

@@ -89,9 +89,9 @@ class _ReadyEngine:
         self.get_num_unfinished_requests = _Method(lambda: log.append(f"ready {name}") or 0)
 
 
-def _placement_args(placement):
+def _placement_args(placement, kv_cache_gib=None):
     return SimpleNamespace(
-        engine=SimpleNamespace(backend="vllm", hf_max_batch=8),
+        engine=SimpleNamespace(backend="vllm", hf_max_batch=8, kv_cache_gib=kv_cache_gib),
         train=SimpleNamespace(seed=1, full_determinism_enable=False),
         vllm=SimpleNamespace(enforce_eager=True),
         classmate=SimpleNamespace(placement=placement, model_name_or_path=["a", "b"], num_engines=1,
@@ -100,13 +100,13 @@ def _placement_args(placement):
     )
 
 
-def _factory_log(monkeypatch, placement):
+def _factory_log(monkeypatch, placement, kv_cache_gib=None):
     from openrlhf_classmate.integration import patches
 
     log = []
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     monkeypatch.setattr(patches, "recorded_placement_groups", lambda: ["actor-pg"])
-    factory = EngineFactory(_placement_args(placement))
+    factory = EngineFactory(_placement_args(placement, kv_cache_gib))
 
     def create(**kw):
         log.append(f"create {kw['pretrain']} pg={kw['shared_pg']}")
@@ -127,6 +127,13 @@ def test_engines_sharing_a_gpu_start_one_group_at_a_time(monkeypatch):
     assert _factory_log(monkeypatch, "colocate") == [
         "create policy pg=policy-pg", "ready policy", "create a pg=actor-pg", "ready a", "create b pg=actor-pg",
         "ready b"]
+
+
+def test_engines_with_a_fixed_kv_cache_start_together_on_a_shared_gpu(monkeypatch):
+    # --engine.kv_cache_gib: vLLM does not profile the GPU's memory, so no group waits for another
+    for placement, pg in (("share", "policy-pg"), ("colocate", "actor-pg")):
+        assert _factory_log(monkeypatch, placement, kv_cache_gib=2.0) == [
+            "create policy pg=policy-pg", f"create a pg={pg}", f"create b pg={pg}"]
 
 
 def test_engines_on_their_own_gpus_start_concurrently(monkeypatch):
