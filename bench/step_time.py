@@ -32,10 +32,16 @@ token`` (upstream's own log-prob request, with ``--mismatch off``). The three va
 JSON files (``step_time_<N>gpu[_mismatch-off][_is-token].json``), so the generation row can be compared across them;
 the per-step ``mismatch/*`` values are in each run's ``per_step``.
 
-Metric syncs (issue 26): ``--per-key-syncs`` sets ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` for the launcher, which
-restores upstream's per-metric ``.item()`` and per-key ``all_reduce`` in the actor update (about three host syncs per
-metric and micro-batch; ``integration/strategy.py``), the "before" of the one-transfer path the launcher uses by
-default. Its work folders and JSON file carry ``_per-key-syncs``; compare the ``actor update`` row with a run without it.
+Metric syncs (issue 26): ``--per-key-syncs`` (``always``) sets ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` for the
+launcher, which restores upstream's per-metric ``.item()`` and per-key ``all_reduce`` in the actor update (about three
+host syncs per metric and micro-batch; ``integration/strategy.py``), the "before" of the one-transfer path the launcher
+uses by default. Its work folders and JSON file carry ``_per-key-syncs``; compare the ``actor update`` row with a run
+without it. ``--interleave --per-key-syncs alternate`` measures both in one run: the actor takes upstream's path on
+steps 3-4, 7-8, ... (each kind alternates between the paths) and reports which it took (``bench/per_key_syncs``); the
+steady steps split into four groups (GDPO / GRPO x batched / per-key, the first step of each is warm-up), with the
+GDPO / GRPO ratio of each path and, per kind, the per-key minus batched ``actor update`` and ``step total`` (of the
+medians, and of each per-key step against the batched step of its kind just before it). Files carry
+``_per-key-alternate``.
 
 ``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
 """
@@ -89,7 +95,15 @@ LEVELS = ["mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mi
 def variant(a) -> str:
     """The suffix of this variant's work folders and JSON file (empty for the launcher's defaults)."""
     return (("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
-            + ("_per-key-syncs" if a.per_key_syncs else ""))
+            + {"off": "", "always": "_per-key-syncs", "alternate": "_per-key-alternate"}[a.per_key_syncs])
+
+
+def launcher_env(a, interleave: bool) -> dict[str, str]:
+    """The benchmark switches the launcher's processes read from the environment (never set in a training run)."""
+    env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else {}
+    if a.per_key_syncs != "off":
+        env[PER_KEY_SYNCS_ENV] = "1" if a.per_key_syncs == "always" else "alternate"
+    return env
 
 
 def build_model(path: str, shape: dict, seed: int) -> str:
@@ -213,17 +227,56 @@ def launcher_step_scalars(log: str) -> dict[str, dict[int, float]]:
     return out
 
 
+# the rows whose per-key minus batched difference an alternating run reports
+BEFORE_AFTER = ["timing/ppo_train", "timing/step_total"]
+
+
 def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> dict:
     """Per-step timings of an interleaved run, split by step kind (``bench/classmate_step``: 1 = GDPO, 0 = GRPO).
 
     The first ``skip_first`` steps of each kind are warm-up (CUDA graphs, allocator, JIT, the classmate engine's
     first wake-up) and left out. Returns ``{kind: {"steps": [...], "per_step": {tag: {step: s}}, "stats": {tag:
     spread}}}`` plus ``paired``: the ratio of each steady GDPO step to the GRPO step right after it (same weights
-    and machine state give or take one step), as a spread."""
+    and machine state give or take one step), as a spread, and ``ratio``, that of the medians.
+
+    A run under ``--per-key-syncs alternate`` logs each step's metric-sync path (``bench/per_key_syncs``: 1 =
+    upstream's per-key, 0 = batched). Its steps split into four groups, each with its own warm-up; the keys above
+    are then those of the batched steps (the launcher's own path, comparable with runs without the switch),
+    ``per_key`` holds the same keys for the per-key steps, and ``before_after`` per kind and :data:`BEFORE_AFTER`
+    tag the per-key minus batched seconds (:func:`before_after`)."""
+    syncs = tb.get("train/bench/per_key_syncs")
+    if not syncs:
+        return _split_kinds(tb, None, skip_first)
+    out = _split_kinds(tb, {s for s, v in syncs.items() if round(v) == 0}, skip_first)
+    out["per_key"] = _split_kinds(tb, {s for s, v in syncs.items() if round(v) == 1}, skip_first)
+    out["before_after"] = {kind: {tag: before_after(out[kind]["per_step"].get(tag, {}),
+                                                    out["per_key"][kind]["per_step"].get(tag, {}))
+                                  for tag in BEFORE_AFTER}
+                           for kind in ("gdpo", "grpo")}
+    return out
+
+
+def before_after(batched: dict[int, float], per_key: dict[int, float]) -> dict:
+    """Per-key minus batched seconds of one kind and tag: ``median_diff`` (of the medians) and ``pairs``, each steady
+    per-key step ``s`` against the batched step of its kind just before it (``s - 2``: step 7 vs 5, 8 vs 6; a pair
+    with a warm-up step is left out), with their ``paired`` spread."""
+    def median(values: dict[int, float]) -> float | None:
+        finite = [v for v in values.values() if v == v]
+        return round(statistics.median(finite), 3) if finite else None
+
+    b, p = median(batched), median(per_key)
+    pairs = {s: round(v - batched[s - 2], 3) for s, v in sorted(per_key.items())
+             if s - 2 in batched and v == v and batched[s - 2] == batched[s - 2]}
+    return {"batched": b, "per_key": p, "median_diff": round(p - b, 3) if b is not None and p is not None else None,
+            "pairs": pairs, "paired": spread(list(pairs.values()))}
+
+
+def _split_kinds(tb: dict[str, dict[int, float]], only: set[int] | None, skip_first: int) -> dict:
+    """:func:`split_interleaved` over the steps in ``only`` (None: every step)."""
     kinds = tb.get("train/bench/classmate_step", {})
     out: dict = {}
     for kind, flag in (("gdpo", 1.0), ("grpo", 0.0)):
-        steps = sorted(s for s, v in kinds.items() if round(v) == flag)[skip_first:]
+        steps = sorted(s for s, v in kinds.items() if round(v) == flag and (only is None or s in only))[skip_first:]
         per_step = {tag: {s: round(tb.get(f"train/{tag}", {}).get(s, float("nan")), 3) for s in steps}
                     for _, tag in ROWS if f"train/{tag}" in tb}
         per_step.update({tag: {s: float(f"{tb[f'train/{tag}'].get(s, float('nan')):.4g}") for s in steps}
@@ -249,10 +302,8 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     os.makedirs(root, exist_ok=True)
     log = os.path.join(root, "launcher.log")
     t0 = time.time()
-    env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else {}
-    if a.per_key_syncs:
-        env[PER_KEY_SYNCS_ENV] = "1"
-    code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout, env=env)
+    code = run_launcher(launcher_argv(a, policy, classmate, data, root), log, timeout=timeout,
+                        env=launcher_env(a, interleave))
     row: dict = {"run": name, "exit": code, "wall_s": round(time.time() - t0, 1), "log": log}
     tb = launcher_step_scalars(log) if interleave else None
     if code != 0:
@@ -366,31 +417,59 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
 
 def print_interleaved(result: dict) -> None:
     row = result["calls"][-1]
+    alternate = "per_key" in row
+    # (column title, the group's split): two kinds, or under --per-key-syncs alternate two kinds x two paths
+    columns = [("GRPO", row.get("grpo")), ("GDPO", row.get("gdpo"))]
+    if alternate:
+        columns = [("GRPO batched", row["grpo"]), ("GRPO per-key", row["per_key"]["grpo"]),
+                   ("GDPO batched", row["gdpo"]), ("GDPO per-key", row["per_key"]["gdpo"])]
+    steps = " / ".join(f"{title.lower()} {(group or {}).get('steps')}" for title, group in columns)
     print(f"\ninterleaved step time, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
-          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps "
-          f"GRPO {row.get('grpo', {}).get('steps')} / GDPO {row.get('gdpo', {}).get('steps')}")
+          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps {steps}")
     if row.get("exit") != 0:
         print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}"
               + (" - the steps it logged before stopping:" if row.get("partial") else ""))
         if "gdpo" not in row:
             return
 
-    def cell(kind: str, tag: str) -> str:
-        st = row[kind]["stats"].get(tag)
+    def cell(group: dict, tag: str) -> str:
+        st = group["stats"].get(tag)
         return f"{st['median']:.2f} [{st['min']:.2f}, {st['max']:.2f}]" if st else ""
 
-    print(f"{'':<36}{'GRPO':>22}{'GDPO':>22}")
+    print(f"{'':<36}" + "".join(f"{title:>22}" for title, _ in columns))
     for label, tag in ROWS:
-        print(f"{label:<36}{cell('grpo', tag):>22}{cell('gdpo', tag):>22}")
-    paired = row.get("paired") or {}
-    print(f"GDPO / GRPO = {row['ratio']} (ratio of medians; paired GDPO step / next GRPO step: median "
-          f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) {verdict(row['ratio'], result['gpus'])}")
+        print(f"{label:<36}" + "".join(f"{cell(group, tag):>22}" for _, group in columns))
+
+    def ratio_line(title: str, part: dict) -> None:
+        paired = part.get("paired") or {}
+        print(f"{title} = {part['ratio']} (ratio of medians; paired GDPO step / next GRPO step: median "
+              f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) "
+              f"{verdict(part['ratio'], result['gpus'])}")
+
+    if not alternate:
+        ratio_line("GDPO / GRPO", row)
+    else:
+        ratio_line("GDPO / GRPO, batched steps", row)
+        ratio_line("GDPO / GRPO, per-key steps", row["per_key"])
+
+        def diff(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:+.2f}"
+
+        for label, tag in ROWS:
+            if tag in BEFORE_AFTER:
+                parts = []
+                for kind in ("gdpo", "grpo"):
+                    ba = row["before_after"][kind][tag]
+                    pairs = ba["paired"] or {}
+                    parts.append(f"{kind.upper()} {diff(ba['median_diff'])} (pairs {diff(pairs.get('median'))} "
+                                 f"[{diff(pairs.get('min'))}, {diff(pairs.get('max'))}])")
+                print(f"per-key - batched, {label}: " + ", ".join(parts))
     if "call_spread" in result:
         print(f"ratios of the calls so far: {result['ratios']} (spread {result['call_spread']}; "
               f"{'agree' if result['calls_agree'] else 'DO NOT agree'} within +-0.05)")
 
 
-def main() -> None:
+def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", type=int, choices=(1, 2), default=1)
     p.add_argument("--runs", default="grpo,gdpo", help="grpo, gdpo or both (comma-separated)")
@@ -410,9 +489,11 @@ def main() -> None:
                         "off: --engine.no_mismatch_metrics (upstream's request)")
     p.add_argument("--is-correction", choices=("off", "token"), default="off",
                    help="token: upstream's --algo.advantage.is_correction_level token (its own log-prob request)")
-    p.add_argument("--per-key-syncs", action="store_true",
-                   help=f"{PER_KEY_SYNCS_ENV}=1 for the launcher: upstream's per-metric .item() and per-key all_reduce "
-                        "in the actor update (the before of issue 26's one-transfer metrics)")
+    p.add_argument("--per-key-syncs", nargs="?", const="always", default="off", choices=("off", "always", "alternate"),
+                   help=f"always (the bare flag): {PER_KEY_SYNCS_ENV}=1 for the launcher, upstream's per-metric .item() "
+                        "and per-key all_reduce in the actor update (the before of issue 26's one-transfer metrics); "
+                        "alternate (with --interleave): upstream's path on steps 3-4, 7-8, ... only, the report split "
+                        "into batched / per-key steps with the before/after of the actor update and step total")
     p.add_argument("--tiny", action="store_true", help="tiny models (CPU check of the script path)")
     p.add_argument("--models", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time_models"))
     p.add_argument("--work", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time"))
@@ -428,7 +509,15 @@ def main() -> None:
                    help="--classmate.placement (default: colocate on 1 GPU, share on 2)")
     p.add_argument("--classmate-memory", type=float, default=None,
                    help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    if a.per_key_syncs == "alternate" and not a.interleave:
+        p.error("--per-key-syncs alternate needs --interleave: it compares the steps of one run (use --per-key-syncs "
+                "for a separate run with upstream's path on every step)")
+    return a
+
+
+def main() -> None:
+    a = parse_cli()
     start = time.time()
     shape = TINY if a.tiny else QWEN25_05B
     kind = "tiny" if a.tiny else "qwen2.5-0.5b-shape"

@@ -13,6 +13,7 @@ import pytest
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.testing.e2e import build_world
 
+PER_KEY = "OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -113,19 +114,37 @@ def test_step_time_mismatch_variants_parse_and_keep_apart():
     # of issue 26: upstream's per-key metric syncs (an environment switch, the launcher's flags unchanged)
     step_time = _bench("step_time")
     seen = {}
-    for mismatch, is_correction, per_key in (("on", "off", False), ("off", "off", False), ("off", "token", False),
-                                             ("on", "off", True)):
+    for mismatch, is_correction, per_key in (("on", "off", "off"), ("off", "off", "off"), ("off", "token", "off"),
+                                             ("on", "off", "always"), ("on", "off", "alternate")):
         a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
                             train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=1, mismatch=mismatch,
                             is_correction=is_correction, per_key_syncs=per_key)
         argv = step_time.launcher_argv(a, "policy", None, "d.jsonl", "/tmp/x")
         args = parse_args(argv)
         seen[step_time.variant(a)] = (args.engine.no_mismatch_metrics, args.algo.advantage.is_correction_level)
-        if per_key:
-            assert argv == step_time.launcher_argv(SimpleNamespace(**{**vars(a), "per_key_syncs": False}),
+        if per_key != "off":
+            assert argv == step_time.launcher_argv(SimpleNamespace(**{**vars(a), "per_key_syncs": "off"}),
                                                    "policy", None, "d.jsonl", "/tmp/x")
     assert seen == {"": (False, "off"), "_mismatch-off": (True, "off"), "_mismatch-off_is-token": (True, "token"),
-                    "_per-key-syncs": (False, "off")}
+                    "_per-key-syncs": (False, "off"), "_per-key-alternate": (False, "off")}
+
+
+def test_per_key_syncs_flag_always_or_alternate_sets_the_launchers_switch():
+    # bare --per-key-syncs keeps meaning "every step" (=1); "alternate" switches every second pair of steps, which
+    # only the interleaved report splits
+    step_time = _bench("step_time")
+    cli = ["--tiny", "--interleave"]
+    assert step_time.parse_cli(cli).per_key_syncs == "off"
+    assert step_time.parse_cli(cli + ["--per-key-syncs"]).per_key_syncs == "always"
+    assert step_time.parse_cli(cli + ["--per-key-syncs", "alternate"]).per_key_syncs == "alternate"
+    env = {v: step_time.launcher_env(step_time.parse_cli(cli + ["--per-key-syncs", v]), interleave=True)
+           for v in ("off", "always", "alternate")}
+    assert env == {"off": {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"},
+                   "always": {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1", PER_KEY: "1"},
+                   "alternate": {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1", PER_KEY: "alternate"}}
+    assert step_time.launcher_env(step_time.parse_cli(["--per-key-syncs"]), interleave=False) == {PER_KEY: "1"}
+    with pytest.raises(SystemExit):  # two separate runs have no pairs of steps to compare
+        step_time.parse_cli(["--per-key-syncs", "alternate"])
 
 
 def test_qwen_shaped_tokenizer_has_exactly_qwens_vocabulary(tmp_path):
@@ -220,6 +239,91 @@ def test_interleaved_step_times_come_from_the_launchers_step_lines(tmp_path):
     out = step_time.split_interleaved(tb)
     assert out["gdpo"]["steps"] == [3, 5, 7] and out["grpo"]["steps"] == [4, 6, 8]
     assert out["paired"]["median"] == round(25.0 / 26.0, 3)
+
+
+def _alternate_run() -> dict:
+    """16 interleaved steps under ``--per-key-syncs alternate``: odd GDPO, even GRPO; steps 1-2 batched, 3-4
+    per-key, 5-6 batched, ... as the actor reports them (``bench/per_key_syncs``). Steps 1-4 (the first of each
+    group) are warm-up and far off, so that taking one in would show."""
+    ppo = {1: 9.0, 2: 8.0, 3: 9.5, 4: 8.5,
+           5: 2.0, 9: 2.2, 13: 2.1, 7: 3.0, 11: 3.4, 15: 3.1,  # GDPO: batched, per-key
+           6: 1.0, 10: 1.1, 14: 1.2, 8: 1.5, 12: 1.4, 16: 1.9}  # GRPO: batched, per-key
+    return {"train/bench/classmate_step": {s: float(s % 2) for s in range(1, 17)},
+            "train/bench/per_key_syncs": {s: float((s - 1) // 2 % 2) for s in range(1, 17)},
+            "train/timing/ppo_train": ppo,
+            "train/timing/step_total": {s: v + (20.0 if s % 2 else 16.0) for s, v in ppo.items()}}
+
+
+def test_alternate_syncs_split_into_four_groups_with_ratios_and_before_after():
+    step_time = _bench("step_time")
+    out = step_time.split_interleaved(_alternate_run())
+    # the top level is the batched steps (the new code: its ratio is the one compared across calls); per_key the same
+    # figures for upstream's per-key syncs
+    assert out["gdpo"]["steps"] == [5, 9, 13] and out["grpo"]["steps"] == [6, 10, 14]
+    assert out["per_key"]["gdpo"]["steps"] == [7, 11, 15] and out["per_key"]["grpo"]["steps"] == [8, 12, 16]
+    assert out["gdpo"]["stats"]["timing/ppo_train"] == {"median": 2.1, "min": 2.0, "max": 2.2, "n": 3}
+    assert out["per_key"]["grpo"]["stats"]["timing/ppo_train"] == {"median": 1.5, "min": 1.4, "max": 1.9, "n": 3}
+    assert out["ratio"] == round(22.1 / 17.1, 3) == 1.292
+    assert out["per_key"]["ratio"] == round(23.1 / 17.5, 3) == 1.32
+    assert out["paired"] == {"median": round(22.0 / 17.0, 3), "min": round(22.1 / 17.2, 3),
+                             "max": round(22.2 / 17.1, 3), "n": 3}  # 5/6, 9/10, 13/14
+    assert out["per_key"]["paired"]["n"] == 3  # 7/8, 11/12, 15/16
+    # per-key minus batched: of the medians, and step by step against the batched step of its kind just before
+    ba = out["before_after"]
+    for tag in ("timing/ppo_train", "timing/step_total"):  # the other phases do not change: the same differences
+        assert ba["gdpo"][tag]["median_diff"] == 1.0 and ba["grpo"][tag]["median_diff"] == 0.4
+        assert ba["gdpo"][tag]["pairs"] == {7: 1.0, 11: 1.2, 15: 1.0}  # 7-5, 11-9, 15-13 (3-1: warm-up)
+        assert ba["gdpo"][tag]["paired"] == {"median": 1.0, "min": 1.0, "max": 1.2, "n": 3}
+        assert ba["grpo"][tag]["pairs"] == {8: 0.5, 12: 0.3, 16: 0.7}
+        assert ba["grpo"][tag]["paired"] == {"median": 0.5, "min": 0.3, "max": 0.7, "n": 3}
+    # a run without the switch's flag keeps the two-group report
+    plain = step_time.split_interleaved({k: v for k, v in _alternate_run().items() if "per_key" not in k})
+    assert "per_key" not in plain and "before_after" not in plain and plain["gdpo"]["steps"] == [3, 5, 7, 9, 11, 13, 15]
+
+
+def test_alternate_syncs_table_shows_four_columns_and_the_before_after(capsys):
+    step_time = _bench("step_time")
+    row = {"run": "interleaved", "exit": 0, "call": 1, **step_time.split_interleaved(_alternate_run())}
+    step_time.print_interleaved({"gpus": 1, "device": "cpu", "placement": "colocate", "batch": "b", "calls": [row]})
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if "GRPO batched" in line)
+    assert header.split() == ["GRPO", "batched", "GRPO", "per-key", "GDPO", "batched", "GDPO", "per-key"]
+    actor = next(line for line in text.splitlines() if line.startswith("actor update"))
+    assert actor.split()[2:] == ["1.10", "[1.00,", "1.20]", "1.50", "[1.40,", "1.90]", "2.10", "[2.00,", "2.20]",
+                                 "3.10", "[3.00,", "3.40]"]
+    assert "GDPO / GRPO, batched steps = 1.292" in text and "GDPO / GRPO, per-key steps = 1.32" in text
+    assert "per-key - batched, actor update: GDPO +1.00 (pairs +1.00 [+1.00, +1.20]), GRPO +0.40" in text
+
+
+@pytest.mark.slow
+def test_alternate_syncs_tiny_interleaved_run_reports_four_groups(tmp_path):
+    """The script path on CPU (tiny models, HF engines, 8 small steps, ~1 min): the real actor reports the path each
+    step took, steps 1-2 and 5-6 batched, 3-4 and 7-8 per-key, and the JSON has each group's steady step."""
+    import json
+
+    from openrlhf_classmate.testing.watchdog import run_watched
+
+    log = tmp_path / "bench.log"
+    code = run_watched([sys.executable, "bench/step_time.py", "--tiny", "--engine", "hf", "--interleave",
+                        "--per-key-syncs", "alternate", "--steps", "8", "--prompts", "2", "--samples", "2",
+                        "--new-tokens", "16", "--classmate-new-tokens", "8", "--micro-batch", "2",
+                        "--train-micro-batch", "2", "--models", str(tmp_path / "models"), "--work",
+                        str(tmp_path / "work"), "--out", str(tmp_path / "out")], str(log), cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
+    assert code == 0, log.read_text()[-6000:]
+    row = json.loads((tmp_path / "out" / "step_time_1gpu_interleaved_colocate_per-key-alternate.json").read_text())
+    row = row["calls"][-1]
+    step_time = _bench("step_time")
+    flags = step_time.launcher_step_scalars(row["log"])["train/bench/per_key_syncs"]
+    assert flags == {s: float((s - 1) // 2 % 2) for s in range(1, 9)}
+    assert (row["gdpo"]["steps"], row["grpo"]["steps"]) == ([5], [6])
+    assert (row["per_key"]["gdpo"]["steps"], row["per_key"]["grpo"]["steps"]) == ([7], [8])
+    assert row["ratio"] > 0 and row["per_key"]["ratio"] > 0
+    for kind, step in (("gdpo", "7"), ("grpo", "8")):  # JSON keys: the per-key step of each pair
+        for tag in ("timing/ppo_train", "timing/step_total"):
+            ba = row["before_after"][kind][tag]
+            assert list(ba["pairs"]) == [step] and ba["median_diff"] == ba["pairs"][step] == ba["paired"]["median"]
+    assert "per-key - batched, actor update: GDPO" in log.read_text()
 
 
 def test_the_step_time_target_is_tighter_on_two_gpus():

@@ -108,6 +108,63 @@ def test_the_update_reads_metrics_back_once_per_micro_batch_with_upstreams_statu
     assert our_counts["tolist"] - upstream_counts["tolist"] == micro_batches * 2  # the metrics; the reduced dict
 
 
+def test_alternate_switches_the_actor_update_every_second_pair_of_steps(monkeypatch):
+    """``=alternate`` (bench/step_time.py --interleave --per-key-syncs alternate): the trainer counts its own
+    ``ppo_train`` calls (one per global step) and takes upstream's per-key path on steps 3-4, 7-8, ...: under the
+    interleave (odd GDPO, even GRPO) each kind alternates between the paths. The answer is the same everywhere in one
+    step (the strategy asks once per micro-batch), and the step's status says which path it took."""
+    from openrlhf_classmate.integration import strategy
+    from openrlhf_classmate.integration.actor import ActorPPOTrainer, ClassmateActorPPOTrainer  # upstream's, ours
+
+    seen = []
+
+    def upstream_ppo_train(self, kl_ctl):
+        answers = {strategy.per_key_syncs() for _ in range(3)}  # micro-batches of one step
+        assert len(answers) == 1
+        seen.append(answers.pop())
+        return {"policy_loss": 0.5}
+
+    monkeypatch.setattr(ActorPPOTrainer, "ppo_train", upstream_ppo_train)
+    monkeypatch.setattr(strategy, "_train_step", 0)  # this process's count, restored after the test
+
+    def run(value: str | None, steps: int = 8) -> list[dict]:
+        if value is None:
+            monkeypatch.delenv(PER_KEY, raising=False)
+        else:
+            monkeypatch.setenv(PER_KEY, value)
+        trainer = ClassmateActorPPOTrainer.__new__(ClassmateActorPPOTrainer)  # upstream's __init__ needs an engine
+        trainer.nonfinite = SimpleNamespace(status=lambda: {"nonfinite_skipped": 0.0})
+        seen.clear()
+        return [trainer.ppo_train(0.0) for _ in range(steps)]
+
+    statuses = run("alternate")
+    assert seen == [False, False, True, True, False, False, True, True]
+    assert [s["bench/per_key_syncs"] for s in statuses] == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert statuses[2] == {"policy_loss": 0.5, "nonfinite_skipped": 0.0, "bench/per_key_syncs": 1.0}
+    assert strategy.per_key_syncs()  # between steps: the last step's answer (step 8)
+    # "1": every step; unset: none; neither adds the flag to the status
+    assert all("bench/per_key_syncs" not in s for s in run("1")) and seen == [True] * 8
+    assert all("bench/per_key_syncs" not in s for s in run(None)) and seen == [False] * 8
+
+
+@pytest.mark.slow
+def test_alternate_takes_upstreams_path_on_its_steps_only(policy, monkeypatch):
+    """The real policy update under ``=alternate``: four consecutive fits (two per-key, two batched, whatever the
+    fixture's count) report their path, and the per-key ones make upstream's K + 2 collectives per micro-batch where
+    the batched ones make one; the statuses are the same otherwise (lr 0)."""
+    monkeypatch.setenv(PER_KEY, "alternate")
+    first = policy.trainer.train_steps + 1
+    fits = [_counted_fit(policy, monkeypatch) for _ in range(4)]
+    flags = [status.pop("bench/per_key_syncs") for status, _ in fits]
+    assert flags == [float((step - 1) // 2 % 2) for step in range(first, first + 4)] and sorted(flags) == [0, 0, 1, 1]
+    k = len([key for key in fits[0][0] if key not in ("actor_lr", "actor_grad_norm", "nonfinite_skipped",
+                                                        "nonfinite_consecutive")])
+    collectives = {flag: counts["all_reduce"] for flag, (_, counts) in zip(flags, fits)}
+    assert all(counts["all_reduce"] == collectives[flag] for flag, (_, counts) in zip(flags, fits))
+    assert collectives[1.0] - collectives[0.0] == 2 * (k + 2 - 1)  # two micro-batches
+    assert all(status == fits[0][0] for status, _ in fits)
+
+
 def test_the_nonfinite_guard_reads_nothing_back_per_micro_batch(monkeypatch):
     """On the meta device (no values: any read to the host raises) the guard counts a micro-batch's checks; the
     counts are read once, at the accumulation boundary, where the ranks agree on them. The same checks on CPU

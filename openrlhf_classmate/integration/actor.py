@@ -15,10 +15,13 @@ Upstream's ``ppo_train`` reads each tensor metric of a micro-batch back with ``v
 host sync per metric (~60 for GDPO). ``training_step`` hands it those means as python floats read in one transfer
 (:func:`metrics_to_host`), so upstream takes its ``value * scale`` branch with the same numbers; our strategy then
 reduces the dict in one collective (``integration/strategy.py``). ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1``
-(the benchmark's switch) leaves the tensors to upstream.
+(the benchmark's switch) leaves the tensors to upstream; ``=alternate`` does so on steps 3-4, 7-8, ... only, counted by
+the trainer's own ``ppo_train`` calls (:meth:`ClassmateActorPPOTrainer.ppo_train`).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from openrlhf.models import Actor
@@ -35,7 +38,7 @@ from openrlhf_classmate.integration.chunked_actor import (
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
 from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
-from openrlhf_classmate.integration.strategy import per_key_syncs
+from openrlhf_classmate.integration.strategy import PER_KEY_SYNCS_ENV, per_key_syncs, set_train_step
 from openrlhf_classmate.integration.weight_check import LoadCheckedActor, load_checked_class
 
 
@@ -122,6 +125,7 @@ def metrics_to_host(metrics: dict, weights: dict) -> None:
 
 class ClassmateActorPPOTrainer(ActorPPOTrainer):
     current_experience = None
+    train_steps = 0  # ppo_train calls so far: the global step, for the benchmark's alternating switch
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -137,8 +141,15 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         self.actor.nonfinite_guard = self.nonfinite
 
     def ppo_train(self, kl_ctl: float):
+        # One call per global step: upstream's train_step (sync and async trainers) -> PolicyModelActor.fit -> here,
+        # unless --critic.freezing_steps skips the actor's first steps (off by default and in the benchmark). The count
+        # restarts at 1 in a resumed run, the global step does not: bench/step_time.py, its only reader, starts fresh.
+        self.train_steps += 1
+        set_train_step(self.train_steps)
         status = super().ppo_train(kl_ctl)
         status.update(self.nonfinite.status())  # the controller logs the total and stops on the consecutive count
+        if os.environ.get(PER_KEY_SYNCS_ENV) == "alternate":  # which path this step took, for the report's split
+            status["bench/per_key_syncs"] = float(per_key_syncs())
         return status
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):

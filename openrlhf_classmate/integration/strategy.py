@@ -19,7 +19,8 @@
   by the collective (gloo: 10 of 60 values differed in the last bit on 3 ranks), as for any change of tensor size.
   ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` restores upstream's per-key path (and upstream's per-metric
   ``.item()`` in ``ClassmateActorPPOTrainer.training_step``): the benchmark's before/after switch
-  (``bench/step_time.py``), never set in a training run;
+  (``bench/step_time.py``), never set in a training run. ``=alternate`` restores it on the actor updates of every
+  second pair of steps only (:func:`per_key_step`), so that one interleaved run times both paths;
 * its DeepSpeed configs turn on ``stage3_allgather_sequential`` on the CPU accelerator (ZeRO-3), the workaround of a
   DeepSpeed defect that loaded uninitialised memory into parameters (:func:`safe_gathers`).
 
@@ -46,11 +47,32 @@ from openrlhf_classmate.integration.checkpoints import (
 )
 
 PER_KEY_SYNCS_ENV = "OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS"
+# the actor update this process is in (1, 2, ...; 0 before the first): ClassmateActorPPOTrainer.ppo_train sets it,
+# for PER_KEY_SYNCS_ENV=alternate. Other workers (reference, critic) never set it: their reductions stay batched.
+_train_step = 0
+
+
+def set_train_step(step: int) -> None:
+    """Called by the policy trainer as update ``step`` (its own count of ``ppo_train`` calls) starts."""
+    global _train_step
+    _train_step = step
+
+
+def per_key_step(step: int) -> bool:
+    """Under ``alternate``: whether update ``step`` takes upstream's per-key path: steps 1-2 batched, 3-4 per-key,
+    5-6 batched, 7-8 per-key, ... Under ``bench/step_time.py --interleave`` (odd steps GDPO, even GRPO) each kind
+    then alternates between the two paths from one of its steps to the next, and the two steps of a pair share one."""
+    return step >= 1 and (step - 1) // 2 % 2 == 1
 
 
 def per_key_syncs() -> bool:
-    """The benchmark switch (module docstring): upstream's per-key metric reads and reductions."""
-    return os.environ.get(PER_KEY_SYNCS_ENV) == "1"
+    """The benchmark switch (module docstring): upstream's per-key metric reads and reductions. ``1``: always;
+    ``alternate``: on the steps of :func:`per_key_step` (one answer for a whole update: the step changes only as the
+    next begins); unset or anything else: never."""
+    mode = os.environ.get(PER_KEY_SYNCS_ENV)
+    if mode == "alternate":
+        return per_key_step(_train_step)
+    return mode == "1"
 
 
 def packable(data) -> str | None:
