@@ -156,7 +156,7 @@ class GPUDemo:
 
     def _run_at_once(self, stage: str, tasks: list, deadline: float, at_once: bool = True) -> bool:
         """Run the tasks that are not done (each in a thread, or in turn), record each one's wall time, and mark
-        ``stage`` done when every task is. A failed task fails the stage once the others have ended."""
+        ``stage`` done when every task is. A failed task stops the others (``self.stop``) and fails the stage."""
         todo = [(name, task) for name, task in tasks if not is_done(self.out, name)]
         self.splits()  # computed once, before the threads read it
         results: dict[str, bool | BaseException] = {}
@@ -355,8 +355,10 @@ class GPUDemo:
         line(f"{'resuming from the checkpoint of step ' + str(resumed) if resumed else 'starting'}: Ray, DeepSpeed "
              f"and the engines (~{self.rl_startup(run):.0f} s) ...")
 
+        label = f"{RUN_TITLES[run]}: " if self.s.parallel_rl else ""  # two runs print into one console
+
         def on_step(step: int, status: dict, elapsed: float) -> None:
-            line(f"{step_line(run, step, steps, status)}  ({elapsed:.0f}s)")
+            line(f"{label}{step_line(run, step, steps, status)}  ({elapsed:.0f}s)")
 
         env = None
         if self.s.parallel_rl:
