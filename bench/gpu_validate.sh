@@ -25,6 +25,8 @@
 #   chunkbench      bench/actor_update.py --chunked-logprobs (CHUNK_ARGS): stock vs --logprobs.chunked actor update
 #                   (3 losses), reference forward, VR-CLI NLLs, LM head alone, at 0.5B 64 x (1k+1k); then
 #                   --long-context (LONG_ARGS): 1.5B, 2 x 16k tokens, micro-batch 1 (issue 27; trainer wheels only)
+#   worldprobe      the GPU demo's warm start and held-out evaluation only (trainer wheels, no vLLM): CoT styles
+#                   and their accuracies at warm start, in $OUT/world_probe/
 #   gpudemo         issue 25: python -m openrlhf_classmate.demo --gpu --compare-grpo (DEMO_ARGS), resumable in
 #                   DEMO_OUT (default $WORK/gpu_demo) within what is left of BUDGET_S; send it again until it prints
 #                   "gpudemo: done".
@@ -180,6 +182,19 @@ for step in "${steps[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/actor_update.py --out "$OUT/actor_update.json" ${BENCH_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s" \
         || status=1 ;;
+    worldprobe)
+      # the GPU demo's warm start and its held-out evaluation (HF backend), nothing else: which CoT styles the warm
+      # start writes and how accurate each is (a world change is checked here before a whole demo run)
+      need_trainer
+      probe="$WORK/world_probe"
+      for stage in warmstart eval_before; do
+        python3 -m openrlhf_classmate.demo --gpu --eval-backend hf --output-dir "$probe" --_stage "$stage" \
+          || { echo "worldprobe: $stage failed"; status=1; break; }
+      done
+      mkdir -p "$OUT/world_probe"
+      cp -r "$probe/stages" "$OUT/world_probe/" 2>/dev/null
+      [ -f "$probe/eval_before.jsonl" ] && gzip -c "$probe/eval_before.jsonl" > "$OUT/world_probe/eval_before.jsonl.gz"
+      ;;
     gpudemo)
       need_vllm; need_trainer
       demo="${DEMO_OUT:-$WORK/gpu_demo}"

@@ -5,6 +5,7 @@ and, once end to end on CPU (``--gpu --tiny``, HF engines, the real launcher): a
 one doing the rest, a third that redoes nothing.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -36,6 +37,15 @@ def test_the_cpu_world_is_unchanged_for_a_seed():
     rng = random.Random(1)
     assert [W.sample_trace(held[0], rng, W.WorldConfig()) for _ in range(3)] == [
         ("4 + 4 = 8 - 3 = 5 - 4 = 1", "1"), ("4 + 4 = 8 - 3 = 5", "1"), ("4 + 4 = 10 - 3 = 7 - 4 = 3", "3")]
+    # the fourth style (the GPU world's private chain) has weight 0 here and must not move a draw: the digest of
+    # 600 traces (main and classmate mixtures) computed before it was added
+    from openrlhf_classmate.demo.warmstart import CLASSMATE_READ_CONFIG
+
+    rng = random.Random(7)
+    problems = [W.random_problem(rng) for _ in range(300)]
+    traces = [W.sample_trace(p, rng, W.WorldConfig()) for p in problems]
+    traces += [W.sample_trace(p, rng, CLASSMATE_READ_CONFIG) for p in problems]
+    assert hashlib.sha256(repr(traces).encode()).hexdigest()[:16] == "83847fe22d10a8ff"
 
 
 def test_the_gpu_world_is_harder():
@@ -48,6 +58,66 @@ def test_the_gpu_world_is_harder():
     styles = [W.sample_trace(p, rng, G.TRACES, style="full", spec=G.SPEC) for p in problems[:500]]
     wrong = sum(cot.split()[4::4] != [str(v) for v in _running(p)] for p, (cot, _) in zip(problems, styles))
     assert 0.3 < wrong / 500 < 0.7  # 12% per written step over 5-7 steps: about half the full chains hold a slip
+
+
+def test_the_gpu_world_has_a_private_notation_that_slips_less_and_that_the_classmate_cannot_read():
+    from openrlhf_classmate.demo.evaluate import CPU_STYLE_NAMES, cot_style
+
+    problem = W.Problem(49, (("+", 27), ("-", 17), ("-", 50)))  # 76, 59, 9
+    rng = random.Random(0)
+    cots = [W.sample_trace(problem, rng, W.WorldConfig(private_step_error=0.0), style="private", spec=G.SPEC)
+            for _ in range(3)]
+    assert cots[0] == ("94 + 72 = 67 - 71 = 95 - 05 = 9", "9")  # every number reversed, the answer in plain digits
+    assert W.private_number(40) == "04" and W.private_number(7) == "7"
+    assert cot_style(problem, cots[0][0]) == "private"
+    assert cot_style(problem, W.chain_text(problem, [76, 59, 9])) == "full"
+    assert cot_style(problem, "94 + 72 = 67 - 71 = 95") == "other"  # a private chain cut short
+    assert "private" not in CPU_STYLE_NAMES and G.STYLE_NAMES[-1] == "other"
+
+    # the mixture: no silent steps, a third private chains, and a private step slips half as often as a legible one
+    train, _ = W.make_splits(0, 3000, 10, G.SPEC)
+    rng = random.Random(1)
+    shapes = [cot_style(p, W.sample_trace(p, rng, G.TRACES, spec=G.SPEC)[0]) for p in train]
+    assert shapes.count("skip") == 0 and 0.30 < shapes.count("private") / len(shapes) < 0.40
+    slips = {}
+    for style in ("full", "private"):
+        rng = random.Random(2)
+        number = W.private_number if style == "private" else str
+        wrong = steps = 0
+        for p in train:  # a step slips where its result is not the previous written one's op d
+            written = W.sample_trace(p, rng, G.TRACES, style=style, spec=G.SPEC)[0].split()[4::4]
+            previous = p.first
+            for (op, d), w in zip(p.steps, written):
+                wrong += w != number(min(max(W.apply(previous, op, d), 0), G.SPEC.max_word))
+                steps += 1
+                previous = int(w[::-1] if style == "private" else w)
+        slips[style] = wrong / steps
+    assert 0.10 < slips["full"] < 0.14 and 0.045 < slips["private"] < 0.075, slips
+
+    # the classmate reads a chain's last number at face value: right on legible chains, wrong on private ones
+    # (single digits and palindromes aside)
+    right = {"full": 0, "private": 0}
+    for p in train[:1000]:
+        for style in right:
+            cot, _ = W.sample_trace(p, rng, W.WorldConfig(step_error=0.0, private_step_error=0.0), style=style,
+                                    spec=G.SPEC)
+            right[style] += W.last_number(cot) == p.answer
+    assert right["full"] == 1000 and right["private"] < 250, right
+
+
+def test_the_classmate_learns_to_read_private_chains_at_face_value(tok):
+    from openrlhf_classmate.demo.warmstart import classmate_examples
+
+    problems, _ = W.make_splits(0, 400, 10, G.SPEC)
+    examples = classmate_examples(tok, tok, problems, random.Random(0), spec=G.SPEC, reads=G.CLASSMATE_READS)
+    private = 0
+    for p, (prompt, target) in zip(problems, examples):
+        text = tok.decode(prompt)
+        cot = text.split("<think>")[-1].split("</think>")[0].split()
+        if cot and cot[0] == W.private_number(p.first) != str(p.first) and len(cot) == 4 * len(p.steps) + 1:
+            private += 1
+            assert tok.decode(target[:-1]) == str(int(cot[-1]))  # the last number as written, never un-reversed
+    assert private > 20
 
 
 def _running(problem):

@@ -54,14 +54,19 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, sa
     return out
 
 
+CPU_STYLE_NAMES = ("full", "skip", "none", "other")  # the CoT shapes the CPU demo's evaluations count
+
+
 def cot_style(problem: W.Problem, cot: str) -> str:
-    """Shape of a CoT, whatever its numbers: ``full`` (every step written as ``op d = r``), ``skip`` (all but the
-    last step), ``none`` (empty) or ``other``."""
+    """Shape of a CoT, whatever its running results: ``full`` (every step written as ``op d = r``), ``skip`` (all
+    but the last step), ``private`` (every step, numbers in :func:`world.private_number`'s notation), ``none``
+    (empty) or ``other``."""
     words = cot.split()
     if not words:
         return "none"
-    for kind, n in (("full", len(problem.steps)), ("skip", len(problem.steps) - 1)):
-        shape = [str(problem.first)] + [w for op, d in problem.steps[:n] for w in (op, str(d), "=", None)]
+    steps = len(problem.steps)
+    for kind, n, number in (("full", steps, str), ("skip", steps - 1, str), ("private", steps, W.private_number)):
+        shape = [number(problem.first)] + [w for op, d in problem.steps[:n] for w in (op, number(d), "=", None)]
         if len(words) == len(shape) and all(s is None or s == w for s, w in zip(shape, words)):
             return kind
     return "other"
@@ -101,7 +106,7 @@ def evaluate(main_model, main_tok, classmate_model, classmate_tok, problems: lis
 
 def evaluate_saved(main_path: str, classmate_path: str, problems: list[W.Problem], samples: int, seed: int, *,
                    backend: str, max_new_tokens: int, classmate_max_new_tokens: int,
-                   gpu_memory_utilization: float = 0.3) -> dict:
+                   gpu_memory_utilization: float = 0.3, style_names: tuple[str, ...] = CPU_STYLE_NAMES) -> dict:
     """The GPU demo's evaluation: saved models through ``cli.evaluate``'s generation backends (``vllm``: one
     ``vllm.LLM`` after the other, eager, bf16; ``hf``: transformers ``generate``), main model at temperature 1 with
     ``samples`` samples per problem, then the classmate greedily on each CoT."""
@@ -128,15 +133,17 @@ def evaluate_saved(main_path: str, classmate_path: str, problems: list[W.Problem
                              load_stop_token_ids(main_path, main_tok), classmate_tok,
                              lambda ids: [gens[0].token_ids for gens in classmate.generate(
                                  ids, GenParams(classmate_max_new_tokens, temperature=0.0, seed=seed))],
-                             classmate_max_new_tokens)
+                             classmate_max_new_tokens, style_names)
     finally:
         classmate.close()
 
 
 def score_samples(problems: list[W.Problem], samples: int, prompts: list[list[int]], responses: list[list[int]],
-                  main_tok, stops, classmate_tok, classmate_generate, classmate_max_new_tokens: int) -> dict:
+                  main_tok, stops, classmate_tok, classmate_generate, classmate_max_new_tokens: int,
+                  style_names: tuple[str, ...] = CPU_STYLE_NAMES) -> dict:
     """Accuracies and CoT shapes of ``responses`` (problem-major: ``samples`` per problem, ``prompts`` alike);
-    ``classmate_generate(prompt_ids_list)`` answers each classmate prompt greedily."""
+    ``classmate_generate(prompt_ids_list)`` answers each classmate prompt greedily. ``styles`` counts the shapes of
+    ``style_names`` (the last, ``other``, takes every shape not named before it)."""
     from openrlhf_classmate.algo.response_split import ThinkFormat, decoded_answer
     from openrlhf_classmate.scoring import score_responses
 
@@ -174,24 +181,45 @@ def score_samples(problems: list[W.Problem], samples: int, prompts: list[list[in
         row["classmate_correct"] = bool(c.valid and c.score > 0)
 
     n = len(rows)
-    styles = Counter(row["style"] for row in rows)
+    named = style_names[:-1]
+    styles = Counter(row["style"] if row["style"] in named else style_names[-1] for row in rows)
     return {
         "main_accuracy": sum(r["main_correct"] for r in rows) / n,
         "classmate_accuracy": sum(r["classmate_correct"] for r in rows) / n,
         "cot_tokens": sum(r["cot_tokens"] for r in rows) / n,
         "chain_correct": sum(r["chain_correct"] for r in rows) / n,
-        "styles": {k: styles.get(k, 0) / n for k in ("full", "skip", "none", "other")},
+        "styles": {k: styles.get(k, 0) / n for k in style_names},
+        "by_style": by_style(rows, style_names),
         "num_problems": len(problems),
         "samples_per_problem": samples,
         "rows": rows,
     }
 
 
+def by_style(rows: list[dict], style_names: tuple[str, ...]) -> dict:
+    """Per CoT shape (``style_names``; the last takes the rest): how many samples, and the main and classmate
+    accuracies on them: which shapes a main-answer reward favours, and which ones the classmate can follow."""
+    out = {}
+    for name in style_names:
+        mine = [r for r in rows if r["style"] == name or (name == style_names[-1] and r["style"] not in style_names)]
+        out[name] = {"samples": len(mine),
+                     "main_accuracy": sum(r["main_correct"] for r in mine) / len(mine) if mine else None,
+                     "classmate_accuracy": sum(r["classmate_correct"] for r in mine) / len(mine) if mine else None}
+    return out
+
+
+def style_line(result: dict) -> str:
+    """``by_style`` in one line: ``style n (main %, classmate %)`` per shape that occurs."""
+    parts = [f"{name} {v['samples']} ({100 * v['main_accuracy']:.1f}%, {100 * v['classmate_accuracy']:.1f}%)"
+             for name, v in result["by_style"].items() if v["samples"]]
+    return "by CoT style, samples (main acc, classmate acc): " + ", ".join(parts)
+
+
 def summary_line(result: dict) -> str:
     s = result["styles"]
     return (f"main acc {100 * result['main_accuracy']:5.1f}%  classmate acc {100 * result['classmate_accuracy']:5.1f}%  "
-            f"CoT {result['cot_tokens']:4.1f} tok  styles full/skip/none/other "
-            f"{100 * s['full']:.0f}/{100 * s['skip']:.0f}/{100 * s['none']:.0f}/{100 * s['other']:.0f}%")
+            f"CoT {result['cot_tokens']:4.1f} tok  styles {'/'.join(s)} "
+            + "/".join(f"{100 * v:.0f}" for v in s.values()) + "%")
 
 
 def write_rows(path: str, result: dict) -> None:

@@ -55,6 +55,19 @@ def checks(before: dict, after: dict, total_s: float, engine: str) -> list[tuple
     return out
 
 
+def style_table(evals: dict) -> list[str]:
+    """Per evaluation and CoT shape: its share of the samples and the main and classmate accuracies on it (the
+    shapes a main-answer reward favours, and those the classmate can follow)."""
+    lines = ["| held-out, by CoT style | samples | main accuracy | classmate accuracy |", "|---|---|---|---|"]
+    for name, result in evals.items():
+        label = "before RL" if name == "before" else f"after {R.RUN_LABELS.get(name, name)}"
+        for style, v in result.get("by_style", {}).items():
+            if v["samples"]:
+                lines.append(f"| {label}: {style} | {v['samples']} | {100 * v['main_accuracy']:.1f}% | "
+                             f"{100 * v['classmate_accuracy']:.1f}% |")
+    return lines
+
+
 def _markdown_extra(summary: dict) -> str:
     lines = ["## GPU demo", "",
              f"Engine `{summary['engine']}` ({summary['models'].get('device', '?')}); world: "
@@ -65,6 +78,7 @@ def _markdown_extra(summary: dict) -> str:
              "| acceptance check (issue 25) | measured | |", "|---|---|---|"]
     for name, measured, passed in summary["checks"]:
         lines.append(f"| {name} | {measured} | {'-' if passed is None else ('pass' if passed else 'FAIL')} |")
+    lines += ["", *style_table(summary["eval"])]
     lines += ["", "| RL run | startup s (per call) | s per step (median, per call) |", "|---|---|---|"]
     for run, m in summary["rl_measured"].items():
         lines.append(f"| {R.RUN_LABELS[run]} | {m.get('startup_s')} | {m.get('step_s')} |")

@@ -306,7 +306,7 @@ class GPUDemo:
         pool = G.fresh_problems(rng, self.s.main_pool_problems, set(held))
         main_data = S.main_examples(tok, pool, rng, G.TRACES, per_problem=4, spec=G.SPEC)
         cm_data = S.classmate_examples(tok, tok, pool[: self.s.classmate_pool_problems], rng, per_problem=2,
-                                       spec=G.SPEC)
+                                       spec=G.SPEC, reads=G.CLASSMATE_READS)
         line(f"{len(main_data):,} main traces, {len(cm_data):,} classmate examples built in {time.time() - t0:.0f} s")
         losses = {}
         every = max(1, self.s.main_sft_steps // 6)
@@ -332,9 +332,11 @@ class GPUDemo:
         _, held = self.splits()
         result = E.evaluate_saved(model, self.classmate_path, held, self.s.eval_samples, self.s.seed + 2,
                                   backend=self.s.eval_backend, max_new_tokens=self.s.rl.max_new_tokens,
-                                  classmate_max_new_tokens=self.s.rl.classmate_max_new_tokens)
+                                  classmate_max_new_tokens=self.s.rl.classmate_max_new_tokens,
+                                  style_names=G.STYLE_NAMES)
         E.write_rows(self.path("eval_before.jsonl" if run == "before" else f"eval_after_{run}.jsonl"), result)
         line(E.summary_line(result))
+        line(E.style_line(result))
         mark_done(self.out, name, {"model": model, "backend": self.s.eval_backend, "result": strip_rows(result)})
         return True
 

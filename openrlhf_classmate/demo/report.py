@@ -23,6 +23,7 @@ TAGS = {
 }
 RUN_LABELS = {"classmate": "classmate GDPO", "grpo": "plain GRPO"}
 COLORS = {"classmate": "tab:blue", "grpo": "tab:orange"}
+STYLE_LABELS = {"skip": "skip-last"}  # a CoT shape's name in summary.md
 
 
 def clear_previous_run(out: str, gpu: bool = False) -> None:
@@ -207,8 +208,9 @@ def summary_markdown(summary: dict) -> str:
                 cell += f" ({_delta(result[key], before[key])})"
             cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| CoT styles full / skip-last / none / other | " + " | ".join(
-        " / ".join(f"{100 * r['styles'][k]:.0f}" for k in ("full", "skip", "none", "other")) + " %"
+    names = list(before["styles"])  # the world's CoT shapes (the CPU demo: full, skip, none, other)
+    lines.append(f"| CoT styles {' / '.join(STYLE_LABELS.get(k, k) for k in names)} | " + " | ".join(
+        " / ".join(f"{100 * r['styles'].get(k, 0.0):.0f}" for k in names) + " %"
         for r in [before, *after.values()]) + " |")
     lines += [""] + transfer_markdown(summary.get("transfer", {}), RUN_LABELS)
     lines += ["| stage | wall time |", "|---|---|"]

@@ -52,18 +52,19 @@ def _scrambled_cot(rng: random.Random, spec: W.Spec = W.CPU) -> str:
     return " ".join(words)
 
 
-CLASSMATE_READ_CONFIG = W.WorldConfig(style_probs=(0.45, 0.35, 0.20), step_error=0.3, guess_correct=0.0)
+CLASSMATE_READ_CONFIG = W.WorldConfig(style_probs=(0.45, 0.35, 0.20, 0.0), step_error=0.3, guess_correct=0.0)
 
 
 def classmate_examples(classmate_tok, main_tok, problems: list[W.Problem], rng: random.Random,
-                       per_problem: int = 1, spec: W.Spec = W.CPU) -> list[tuple[list[int], list[int]]]:
+                       per_problem: int = 1, spec: W.Spec = W.CPU,
+                       reads: W.WorldConfig = CLASSMATE_READ_CONFIG) -> list[tuple[list[int], list[int]]]:
     out = []
     for p in problems:
         for _ in range(per_problem):
             if rng.random() < 0.15:
                 cot = _scrambled_cot(rng, spec)
             else:
-                cot, _ = W.sample_trace(p, rng, CLASSMATE_READ_CONFIG, spec=spec)
+                cot, _ = W.sample_trace(p, rng, reads, spec=spec)
                 if cot and rng.random() < 0.3:  # chains cut anywhere, not only at step boundaries
                     words = cot.split()
                     cot = " ".join(words[: rng.randint(1, len(words))])

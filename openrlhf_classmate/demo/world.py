@@ -7,12 +7,17 @@ A problem is ``4 + 5 - 3 + 5 = ?`` (``NUM_OPERANDS`` operands in ``1..MAX_OPERAN
 
 Every number is a single word-level token, so a whole response is under 20 tokens.
 
-The main model is warm-started on *imperfect* traces, drawn from three styles:
+The main model is warm-started on *imperfect* traces, drawn from these styles:
 
 * ``full``: the whole chain, then the last running result as the answer (the style we want);
 * ``skip``: the chain stops one step early and the last step is done silently in the answer
   (``<think> 4 + 5 = 9 - 3 = 6 </think> 11``): the main answer can be right, but a reader of the CoT cannot know it;
-* ``none``: no chain at all (``<think> </think> 11``), the answer is a noisy guess.
+* ``none``: no chain at all (``<think> </think> 11``), the answer is a noisy guess;
+* ``private`` (the GPU demo's world only): the whole chain in the model's own notation, every number written with
+  its digits reversed (``<think> 94 + 72 = 67 ... </think> 76``), then the answer in plain digits. It slips less
+  often than the legible chain (``private_step_error``; units first is also the order in which a carry is
+  computed), so a main-answer reward alone favours it, and a reader who takes the chain at face value gets a wrong
+  number.
 
 and every written step is wrong with a small probability (the chain then continues from the wrong value). RL has
 room on three axes: fewer arithmetic slips, fewer guesses, and (only the classmate reward cares) fewer silent steps.
@@ -33,7 +38,7 @@ MAX_OPERAND = 5
 MAX_RESULT = 20  # running results stay in 0..MAX_RESULT (about 3,000 distinct problems)
 MAX_WORD = MAX_RESULT + 4  # wrong steps can overshoot a little
 WORDS = [str(i) for i in range(MAX_WORD + 1)] + ["+", "-", "=", "?"]
-STYLES = ("full", "skip", "none")
+STYLES = ("full", "skip", "none", "private")  # private last: a 0 weight for it leaves earlier draws unchanged
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,15 @@ CPU = Spec()  # the embedded CPU demo (word-level vocabulary of WORDS)
 class WorldConfig:
     """Knobs of the warm-start trace distribution (the defaults are the ones the README numbers come from)."""
 
-    style_probs: tuple[float, float, float] = (0.25, 0.35, 0.40)  # full, skip, none
+    style_probs: tuple[float, ...] = (0.25, 0.35, 0.40, 0.0)  # full, skip, none, private (as STYLES)
     step_error: float = 0.12  # probability that a written running result is wrong
+    private_step_error: float = 0.06  # the same in a "private" chain
     guess_correct: float = 0.15  # probability that a no-CoT answer is right
     answer_error: float = 0.05  # probability that the silent last step of a "skip" trace is wrong
+
+    def __post_init__(self):
+        if len(self.style_probs) != len(STYLES):
+            raise ValueError(f"style_probs: one weight per style of {STYLES}, got {self.style_probs}")
 
 
 @dataclass(frozen=True)
@@ -134,11 +144,18 @@ def _slip(rng: random.Random, value: int, width: int = 2, spec: Spec = CPU) -> i
     return rng.choice([value + k for k in offsets if 0 <= value + k <= spec.max_word] or [value + 1])
 
 
-def chain_text(problem: Problem, written: list[int]) -> str:
-    """``a op d = r1 op d = r2 ...`` for the running results ``written`` (one per step, may be shorter)."""
-    parts = [str(problem.first)]
+def private_number(value: int) -> str:
+    """``value`` in the private notation: its digits reversed (``40`` -> ``04``)."""
+    return str(value)[::-1]
+
+
+def chain_text(problem: Problem, written: list[int], private: bool = False) -> str:
+    """``a op d = r1 op d = r2 ...`` for the running results ``written`` (one per step, may be shorter); with
+    ``private`` every number in :func:`private_number`'s notation."""
+    number = private_number if private else str
+    parts = [number(problem.first)]
     for (op, d), r in zip(problem.steps, written):
-        parts += [op, str(d), "=", str(r)]
+        parts += [op, number(d), "=", number(r)]
     return " ".join(parts)
 
 
@@ -149,14 +166,15 @@ def sample_trace(problem: Problem, rng: random.Random, cfg: WorldConfig, style: 
     if style == "none":
         answer = problem.answer if rng.random() < cfg.guess_correct else _slip(rng, problem.answer, 4, spec)
         return "", str(answer)
-    n_written = len(problem.steps) if style == "full" else len(problem.steps) - 1
+    n_written = len(problem.steps) - 1 if style == "skip" else len(problem.steps)
+    step_error = cfg.private_step_error if style == "private" else cfg.step_error
     value, written = problem.first, []
     for op, d in problem.steps[:n_written]:
         value = min(max(apply(value, op, d), 0), spec.max_word)  # a wrong chain may leave the range
-        if rng.random() < cfg.step_error:
+        if rng.random() < step_error:
             value = _slip(rng, value, 2, spec)
         written.append(value)
-    if style == "full":
+    if style != "skip":  # the last running result is the answer (a private one read back in plain digits)
         answer = value
     else:
         op, d = problem.steps[-1]
@@ -164,7 +182,7 @@ def sample_trace(problem: Problem, rng: random.Random, cfg: WorldConfig, style: 
         answer = min(max(answer, 0), spec.max_word)
         if rng.random() < cfg.answer_error:
             answer = _slip(rng, answer, 2, spec)
-    return chain_text(problem, written), str(answer)
+    return chain_text(problem, written, private=style == "private"), str(answer)
 
 
 def response_text(cot: str, answer: str) -> str:
