@@ -83,6 +83,7 @@ ROWS = [
     ("    classmate generation", "classmate/generation_time"),
     ("    classmate scoring", "classmate/score_time"),
     ("    overlapped with actor/ref fwd", "classmate/stage_overlap_time"),
+    ("    on the critical path", "classmate/wait_time"),
     ("  actor/ref forwards", "classmate/actor_ref_forward_time"),
     ("actor update", "timing/ppo_train"),
     ("weight sync", "timing/broadcast"),
@@ -95,7 +96,8 @@ LEVELS = ["mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mi
 def variant(a) -> str:
     """The suffix of this variant's work folders and JSON file (empty for the launcher's defaults)."""
     return (("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
-            + {"off": "", "always": "_per-key-syncs", "alternate": "_per-key-alternate"}[a.per_key_syncs])
+            + {"off": "", "always": "_per-key-syncs", "alternate": "_per-key-alternate"}[a.per_key_syncs]
+            + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}"))
 
 
 def launcher_env(a, interleave: bool) -> dict[str, str]:
@@ -185,7 +187,8 @@ def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -
         memory = getattr(a, "classmate_memory", None) or ("0.2" if a.gpus == 1 else "0.35")
         argv += ["--classmate.model_name_or_path", classmate, "--classmate.estimator", "gdpo",
                  "--classmate.max_new_tokens", str(a.classmate_new_tokens), "--classmate.temperature", "1.0",
-                 "--classmate.placement", placement, "--classmate.gpu_memory_utilization", str(memory)]
+                 "--classmate.placement", placement, "--classmate.gpu_memory_utilization", str(memory),
+                 "--classmate.dispatch", getattr(a, "dispatch", "auto")]
     return argv
 
 
@@ -505,6 +508,9 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--interleave", action="store_true",
                    help="one launcher run whose steps alternate GDPO (odd) and plain GRPO (even): both kinds timed in "
                         "one process, same engines and drift (--steps counts both kinds; the first of each is warm-up)")
+    p.add_argument("--dispatch", choices=("auto", "group", "batch"), default="auto",
+                   help="--classmate.dispatch (auto: per prompt group where the classmate engines stay awake, i.e. "
+                        "--placement share)")
     p.add_argument("--placement", choices=("colocate", "share"), default=None,
                    help="--classmate.placement (default: colocate on 1 GPU, share on 2)")
     p.add_argument("--classmate-memory", type=float, default=None,

@@ -64,11 +64,12 @@ def judge(monkeypatch):
         yield server
 
 
-def _generator(cls, answers: dict[str, list[str]], *flags: str):
+def _generator(cls, answers: dict[str, list[str]], *flags: str, filtering: bool = True):
     args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
                        "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
-                       "--algo.advantage.estimator", "group_norm", "--algo.dynamic_filtering_enable",
-                       "--algo.dynamic_filtering_range", "2", "9", *flags])
+                       "--algo.advantage.estimator", "group_norm",
+                       *(["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "2", "9"]
+                         if filtering else []), *flags])
     label = json.dumps({"data_source": "helpful_instructions", "ground_truth": None,
                         "raw_question_for_monitor": "Is my plan good?", "messages": []})
     loader = [(None, [prompt], [label], [None]) for prompt in answers]  # one prompt per data-loader batch
@@ -130,3 +131,47 @@ def test_filter_decision():
     assert filter_decision([3.0, 5.0, 0.0, 0.0], [True, True, False, False], (2, 9)) == KEEP
     assert filter_decision([0.0] * 4, [False] * 4, (-1, 1)) == NO_VALID_SCORE  # 0 would be inside the range
     assert filter_decision([2.0, 2.0], [True, True], (2, 9)) == OUT_OF_RANGE  # open interval, as upstream
+
+
+class Dispatch:
+    """Stands in for ``ClassmateStage.dispatch`` (tests/test_experience_maker.py runs the real one on groups):
+    records what it was sent and returns a one-request pending batch per sample."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, group, first_index=0):
+        import torch
+
+        from openrlhf_classmate.integration.classmate_stage import PendingClassmate, Spans
+
+        self.calls.append(([s.prompts[0] for s in group], first_index))
+        n = len(group)
+        flags = torch.zeros(n, dtype=torch.bool)
+        spans = Spans([torch.tensor([1])] * n, [torch.tensor([True])] * n, torch.ones(n), flags, flags, flags)
+        pending = PendingClassmate(spans, [{"sample": s.prompts[0]} for s in group], [""] * n, [[None] * n],
+                                   dispatched_at=float(len(self.calls)))
+        pending.refs = {(i, 0, 0): f"{s.prompts[0]}#{i}" for i, s in enumerate(group)}
+        return pending
+
+
+@pytest.mark.parametrize("filtering", [False, True])
+def test_each_kept_group_sends_its_classmate_requests_as_soon_as_it_is_generated(judge, filtering):
+    from openrlhf_classmate.integration.classmate_stage import ClassmateRollout
+
+    ours, engine = _generator(ClassmateSamplesGenerator, ANSWERS, filtering=filtering)
+    dispatch = ours.classmate_dispatch = Dispatch()
+    samples, _, consumed, _ = ours.generate_samples()
+    kept = ["p1", "p3"] if filtering else ["p0", "p1"]  # filtering drops p0 and p2 (no request for them)
+    assert isinstance(samples, ClassmateRollout) and [s.prompts[0] for s in samples[::4]] == kept
+    assert dispatch.calls == [([kept[0]] * 4, 0), ([kept[1]] * 4, 4)]
+    pending = samples.classmate_pending
+    assert pending.per_group and pending.dispatched_at == 1.0  # the first group's dispatch
+    assert [pending.refs[(i, 0, 0)] for i in range(8)] == [f"{p}#{i % 4}" for p in kept for i in range(4)]
+    assert [label["sample"] for label in pending.labels] == [s.prompts[0] for s in samples]
+
+    # a batch that will train without the classmate (the step-time benchmark's alternation) sends nothing
+    plain, _ = _generator(ClassmateSamplesGenerator, ANSWERS, filtering=filtering)
+    plain.classmate_dispatch, plain.wants_classmate = Dispatch(), lambda: False
+    samples = plain.generate_samples()[0]
+    assert type(samples) is list and len(samples) == 8 and plain.classmate_dispatch.calls == []

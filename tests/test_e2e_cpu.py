@@ -58,6 +58,8 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     assert all(v == 0.0 for v in tb["train/classmate/adv_abs_outside_cot"].values())  # classmate_partial
     assert max(tb["train/classmate/adv_abs_on_cot"].values()) > 0
     assert all(v > 0 for v in tb["train/classmate/stage_time"].values())
+    # placement separate: each prompt group's classmate requests left as soon as the group was generated
+    assert tb["train/classmate/dispatched_per_group"] == {1: 1.0, 2: 1.0}
     # the same metrics through OpenRLHF's wandb logger, offline
     records = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
     assert len(records) == 1 and b"classmate/stage_overlap_time" in open(records[0], "rb").read()
@@ -116,6 +118,7 @@ def test_async_classmate_training_with_kl_in_reward_and_overlong_penalty(tmp_pat
                 "train/mismatch/logprob_abs_diff_mean"):  # the rollout actor asks for the engines' log-probs
         assert set(tb[tag]) == {1, 2, 3}, tag
     assert all(v == 1.0 for v in tb["train/classmate/request_fraction"].values())  # no batch without its scores
+    assert all(v == 1.0 for v in tb["train/classmate/dispatched_per_group"].values())  # sent per group (auto)
     assert any(v != 0.0 for v in tb["train/classmate/main_kl_return"].values())  # the KL return is trained on
     penalties = tb["train/classmate/main_length_penalty"].values()
     assert all(-1.0 <= v <= 0.0 for v in penalties) and any(v < 0 for v in penalties)  # max_new_tokens 16, buffer 12

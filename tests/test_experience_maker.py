@@ -752,3 +752,58 @@ def test_each_rollout_batch_measures_the_engines_log_probs_against_the_actors(wo
                     classmate=classmate)
     off.make_experience_batch(_rollout(world.tok))
     assert off.last_mismatch is None
+
+
+def test_requests_sent_per_prompt_group_give_the_batch_dispatchs_result(world, fake_ray):
+    """--classmate.dispatch group: the generator sends each group's requests as the group is generated and hands the
+    batch over with them merged (``merge_pending``); the maker gathers them after the forwards. Same prompts, same
+    answers, same rewards and advantages as the requests sent for the whole batch at once."""
+    from openrlhf_classmate.integration.classmate_stage import ClassmateRollout, merge_pending
+
+    args = _args(world, "--algo.advantage.estimator", "dr_grpo", "--classmate.estimator", "separated")
+    batch_maker, batch_engine = _maker(args, world.tok, [])
+    batch = batch_maker.make_experience_batch(_rollout(world.tok))
+
+    maker, engine = _maker(args, world.tok, fake_ray)
+    samples = _rollout(world.tok)
+    parts = [maker.stage.dispatch(samples[g : g + 4], first_index=g) for g in range(0, 12, 4)]
+    sent = len(engine.prompts)
+    assert sent == 12 and fake_ray.count("actor forward") == 0  # every request went out before the batch was whole
+    merged = merge_pending(parts)
+    assert merged.per_group and sorted(merged.refs) == [(i, 0, 0) for i in range(12)]
+    assert merged.dispatched_at == parts[0].dispatched_at and len(merged.spans.cot) == 12
+    out = maker.make_experience_batch(ClassmateRollout(samples, merged))
+    assert len(engine.prompts) == 12 and engine.prompts == batch_engine.prompts  # nothing sent twice, same inputs
+
+    assert [e.index for e in out] == [e.index for e in batch]
+    for exp, ref in zip(out, batch):
+        for name in ("advantages", "classmate_advantages", "cot_mask"):
+            torch.testing.assert_close(getattr(exp, name), getattr(ref, name), rtol=0, atol=0)
+        assert exp.info["classmate/reward"].tolist() == ref.info["classmate/reward"].tolist()
+        assert torch.all(exp.info["classmate/dispatched_per_group"] == 1)
+        assert torch.all(ref.info["classmate/dispatched_per_group"] == 0)
+        assert torch.all(exp.info["classmate/wait_time"] >= 0)
+
+
+def test_a_bad_label_in_a_later_group_names_its_place_in_the_batch(world, fake_ray):
+    from openrlhf_classmate.integration.classmate_stage import ClassmateInputError
+
+    args = _args(world)
+    maker, _ = _maker(args, world.tok, fake_ray)
+    samples = _rollout(world.tok)
+    samples[5].labels = ["not json"]
+    with pytest.raises(ClassmateInputError, match="rollout sample 5:"):
+        maker.stage.dispatch(samples[4:8], first_index=4)
+
+
+def test_the_next_batch_is_a_classmate_step_as_the_bench_alternation_says(world, fake_ray, monkeypatch):
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")
+    maker, _ = _maker(_args(world), world.tok, fake_ray)
+    seen = []
+    for _ in range(4):
+        seen.append(maker.next_batch_is_classmate_step())
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        assert ("classmate/reward" in experiences[0].info) == seen[-1]
+    assert seen == [True, False, True, False]
+    plain, _ = _maker(_args(world), world.tok, fake_ray, classmate=False)
+    assert not plain.next_batch_is_classmate_step()

@@ -129,6 +129,24 @@ def test_step_time_mismatch_variants_parse_and_keep_apart():
                     "_per-key-syncs": (False, "off"), "_per-key-alternate": (False, "off")}
 
 
+@pytest.mark.parametrize("placement, dispatch, per_group", [
+    ("colocate", "auto", False), ("share", "auto", True), ("share", "batch", False), ("share", "group", True)])
+def test_step_time_dispatch_variants(placement, dispatch, per_group):
+    # issue 26: the classmate awake on the one GPU (share) with its requests sent per prompt group during the
+    # rollout, against the same layout sending them after the batch (one folder and JSON per variant)
+    from openrlhf_classmate.integration.classmate_config import dispatch_per_group
+
+    step_time = _bench("step_time")
+    a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
+                        train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=1, mismatch="on",
+                        is_correction="off", per_key_syncs="off", placement=placement, dispatch=dispatch)
+    args = parse_args(step_time.launcher_argv(a, "policy", "classmate", "d.jsonl", "/tmp/x"))
+    assert args.classmate.placement == placement and args.classmate.dispatch == dispatch
+    assert dispatch_per_group(args) is per_group
+    assert step_time.variant(a) == ("" if dispatch == "auto" else f"_dispatch-{dispatch}")
+    assert step_time.parse_cli(["--placement", "share", "--dispatch", "batch"]).dispatch == "batch"
+
+
 def test_per_key_syncs_flag_always_or_alternate_sets_the_launchers_switch():
     # bare --per-key-syncs keeps meaning "every step" (=1); "alternate" switches every second pair of steps, which
     # only the interleaved report splits

@@ -179,6 +179,16 @@ def test_missing_config_file_is_named():
         (CLASSMATE + ["--classmate.top_k", "-5"], "--classmate.top_k must be >= -1, got -5"),
 
         (CLASSMATE + ["--classmate.final_answer", "whole_response"], "give a classmate no CoT to read"),
+        (CLASSMATE + ["--classmate.dispatch", "group", "--classmate.placement", "colocate",
+                      "--train.colocate_actor_ref"],
+         "--classmate.dispatch group: the classmate engines sleep during the rollout (--classmate.placement colocate "
+         "or --classmate.enable_sleep); use --classmate.dispatch batch (or auto)"),
+        (CLASSMATE + ["--classmate.dispatch", "group", "--classmate.enable_sleep"],
+         "--classmate.dispatch group: the classmate engines sleep during the rollout"),
+        (CLASSMATE + ["--classmate.dispatch", "group", "--rollout.batch_size", "2", "--train.async_enable",
+                      "--rollout.vllm_generate_batch_size", "4"],
+         "--classmate.dispatch group: --rollout.vllm_generate_batch_size 4 > --rollout.batch_size 2 generates groups "
+         "for later steps"),
     ],
 )
 def test_invalid_classmate_combinations_fail_up_front(extra, message):
@@ -191,6 +201,23 @@ def test_placements_that_fit_and_sampling_vllm_accepts_pass():
                                           "--classmate.num_engines", "2", "--classmate.temperature", "0",
                                           "--rollout.temperature", "0.001"])
     assert args.classmate.num_engines == 2
+
+
+@pytest.mark.parametrize("extra, per_group", [
+    ([], True),  # placement separate: the classmate engines are awake during the rollout
+    (["--classmate.placement", "share"], True),
+    (["--classmate.placement", "share", "--classmate.enable_sleep"], False),
+    (["--classmate.placement", "colocate", "--train.colocate_actor_ref"], False),
+    (["--rollout.batch_size", "2", "--rollout.vllm_generate_batch_size", "4", "--train.async_enable"], False),
+    (["--train.async_enable"], True),
+    (["--classmate.dispatch", "batch"], False),
+    (["--classmate.dispatch", "group", "--classmate.placement", "share"], True),
+])
+def test_auto_dispatch_goes_per_group_where_the_classmate_engines_are_awake(extra, per_group):
+    from openrlhf_classmate.integration.classmate_config import dispatch_per_group
+
+    assert dispatch_per_group(parse_args(BASE + CLASSMATE + extra)) is per_group
+    assert dispatch_per_group(parse_args(BASE + extra[:0])) is False  # no classmate: nothing to send
 
 
 def _save_tokenizer(path, words):

@@ -28,6 +28,7 @@ from openrlhf_classmate.config_fields import POSITIVE_INT, Bound, add_dataclass_
 SEPARATED_ESTIMATORS = ("separated", "separated_non_neg")
 LOSSES = ("auto", "separated", "vanilla_classmate")
 PLACEMENTS = ("separate", "colocate", "share")
+DISPATCH_MODES = ("auto", "group", "batch")
 REWARD_FUNC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reward_func.py")
 
 
@@ -71,6 +72,16 @@ class ClassmateConfig:
         default=False,
         metadata={"help": "Put the classmate engines to sleep (vLLM sleep mode) between classmate stages, freeing "
                           "their memory for training; forced on for placement colocate; not with --train.async_enable"},
+    )
+    dispatch: str = field(
+        default="auto",
+        metadata={"help": "When the classmate requests are sent: group (each prompt group's as soon as its rollouts "
+                          "are generated, so the classmate generates while the policy engines are still busy with "
+                          "the other groups), batch (all at once after the whole rollout batch), auto (group where "
+                          "the classmate engines are awake during the rollout: placement separate, or share "
+                          "without --classmate.enable_sleep, and no --rollout.vllm_generate_batch_size above "
+                          "--rollout.batch_size; batch otherwise)",
+                  "choices": DISPATCH_MODES},
     )
     max_context: int | None = field(
         default=None,
@@ -330,6 +341,25 @@ def uses_separated_loss(args: SimpleNamespace) -> bool:
     return classmate_enabled(args) and (cfg.loss == "vanilla_classmate" or cfg.estimator in SEPARATED_ESTIMATORS)
 
 
+def _group_dispatch_obstacle(args: SimpleNamespace) -> str | None:
+    """Why the classmate requests cannot be sent per prompt group in this run (None: they can)."""
+    cfg = args.classmate
+    if cfg.placement == "colocate" or cfg.enable_sleep:
+        return ("the classmate engines sleep during the rollout (--classmate.placement colocate or "
+                "--classmate.enable_sleep)")
+    generate = getattr(args.rollout, "vllm_generate_batch_size", None)
+    if generate and generate > args.rollout.batch_size:
+        return (f"--rollout.vllm_generate_batch_size {generate} > --rollout.batch_size {args.rollout.batch_size} "
+                "generates groups for later steps")
+    return None
+
+
+def dispatch_per_group(args: SimpleNamespace) -> bool:
+    """``--classmate.dispatch`` resolved: send each prompt group's classmate requests as soon as it is generated."""
+    mode = getattr(args.classmate, "dispatch", "auto")
+    return classmate_enabled(args) and mode != "batch" and _group_dispatch_obstacle(args) is None
+
+
 def real_package(package: str) -> bool:
     """True when ``package`` is really installed (not our CPU import shim)."""
     import importlib.util
@@ -441,6 +471,9 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _fail("--train.async_enable overlaps rollouts with training, which vLLM sleep mode cannot (upstream refuses "
               "--vllm.enable_sleep with async too): use --classmate.placement separate or share without "
               "--classmate.enable_sleep")
+    if cfg.dispatch == "group" and _group_dispatch_obstacle(args):
+        _fail(f"--classmate.dispatch group: {_group_dispatch_obstacle(args)}; use --classmate.dispatch batch (or "
+              "auto), or --classmate.placement separate / share without --classmate.enable_sleep")
     agg = cfg.loss_agg_mode or args.actor.loss_agg_mode
     if args.train.dynamic_batch_enable and agg == "seq-mean-token-sum-norm":
         _fail("--classmate.loss_agg_mode seq-mean-token-sum-norm scales the loss by the micro-batch size, which "

@@ -82,6 +82,16 @@ class Spans:
     prompt_opened: torch.Tensor  # [N] bool, the prompt ended inside a think block (the response starts in the CoT)
 
 
+class ClassmateRollout(list):
+    """A rollout batch (list of single-sample experiences) that carries its in-flight classmate requests: from the
+    async generator to the training actor (the queue pickles the list with this attribute), or from a generator that
+    dispatched them per prompt group to the experience maker."""
+
+    def __init__(self, samples, classmate_pending=None):
+        super().__init__(samples)
+        self.classmate_pending = classmate_pending
+
+
 @dataclass
 class PendingClassmate:
     spans: Spans
@@ -91,6 +101,34 @@ class PendingClassmate:
     refs: dict = field(default_factory=dict)  # (i, k, s) -> ObjectRef
     dispatched_at: float = 0.0
     dispatch_time: float = 0.0  # building the classmate inputs and sending the requests
+    per_group: bool = False  # sent prompt group by prompt group during the rollout (merge_pending)
+
+
+def merge_pending(parts: list[PendingClassmate]) -> PendingClassmate:
+    """The requests of several dispatches (prompt groups, in the order their samples sit in the rollout batch) as
+    one batch's: sample indices shifted by the samples before them, dispatched at the first one's time."""
+    if not parts:
+        raise ValueError("merge_pending: no dispatch to merge")
+    spans = Spans(
+        response_ids=[r for p in parts for r in p.spans.response_ids],
+        cot=[c for p in parts for c in p.spans.cot],
+        cot_length=torch.cat([p.spans.cot_length for p in parts]),
+        has_answer=torch.cat([p.spans.has_answer for p in parts]),
+        skip=torch.cat([p.spans.skip for p in parts]),
+        prompt_opened=torch.cat([p.spans.prompt_opened for p in parts]),
+    )
+    merged = PendingClassmate(
+        spans, [x for p in parts for x in p.labels], [x for p in parts for x in p.prompts],
+        [[x for p in parts for x in p.inputs[k]] for k in range(len(parts[0].inputs))],
+        dispatched_at=min(p.dispatched_at for p in parts), dispatch_time=sum(p.dispatch_time for p in parts),
+        per_group=True,
+    )
+    offset = 0
+    for p in parts:
+        for (i, k, s), ref in p.refs.items():
+            merged.refs[(i + offset, k, s)] = ref
+        offset += len(p.labels)
+    return merged
 
 
 @dataclass
@@ -181,9 +219,11 @@ class ClassmateStage:
         self._next_engine[k] += 1
         return engine
 
-    def dispatch(self, samples) -> PendingClassmate:
-        labels = [label_dict(s.labels[0], i) for i, s in enumerate(samples)]
-        messages = [messages_of(label, i) for i, label in enumerate(labels)]
+    def dispatch(self, samples, first_index: int = 0) -> PendingClassmate:
+        """Send the classmate requests of ``samples`` (a rollout batch, or one prompt group of it whose first sample
+        is the batch's ``first_index``: the index error messages name)."""
+        labels = [label_dict(s.labels[0], first_index + i) for i, s in enumerate(samples)]
+        messages = [messages_of(label, first_index + i) for i, label in enumerate(labels)]
         spans = self.spans(samples)
         cot_ids = [r[c].tolist() for r, c in zip(spans.response_ids, spans.cot)]
         inputs = [

@@ -113,6 +113,11 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         self._batches_made = 0
         self.last_mismatch = None  # the last batch's train-inference mismatch (integration.mismatch), read once
 
+    def next_batch_is_classmate_step(self) -> bool:
+        """Whether the next rollout batch gets the classmate stage (all do, but under the step-time benchmark's
+        alternation): a generator that dispatches per prompt group asks before it sends anything."""
+        return self.stage is not None and not (self.bench_alternate and (self._batches_made + 1) % 2 == 0)
+
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
             ray.get([getattr(engine, method).remote(**kwargs) for engine in self.classmate_engines])
@@ -196,6 +201,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         if self.args.train.async_enable and pending is None:
             raise RuntimeError("this rollout batch arrived without its classmate requests; refusing to train on it "
                                "without classmate scores (the async rollout actor must dispatch them)")
+        per_group = bool(getattr(pending, "per_group", False))
         if pending is not None:
             t_start = pending.dispatched_at
         else:
@@ -219,6 +225,12 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             stage_time = max(result.finished_at, t_forward) - t_start
             overlap = max(0.0, min(t_forward_end, result.finished_at) - t_forward)
         result.metrics["classmate/actor_ref_forward_time"] = t_forward_end - t_forward  # for the step-time bench
+        # what the classmate adds to the step's critical path: colocated, the whole stage; otherwise the wait for
+        # the generation still running after the forwards, plus decoding and scoring the answers
+        result.metrics["classmate/wait_time"] = (t_forward - t_start if self.colocated
+                                                 else time.time() - t_forward_end)
+        # the requests went out per prompt group during the rollout (--classmate.dispatch group)
+        result.metrics["classmate/dispatched_per_group"] = float(per_group)
         advantages, cot_masks, shaping = self._compute_classmate_advantages(
             rollout_samples, experiences, main_valid, result
         )

@@ -10,17 +10,23 @@ batch ever reaches the trainer's all-invalid stop.
 Here the group mean is over the valid scores only; a group without any valid score is dropped (counted, one warning
 line per rollout). While no valid score has been seen, every ``--rollout.batch_size`` groups dropped this way count as
 one all-invalid step towards ``--classmate.stop_after_invalid_steps``, and the run stops with the trainer's message.
-Without dynamic filtering (and for evaluation) upstream's ``_generate_vllm`` runs unchanged.
+Without dynamic filtering (and for evaluation) upstream's ``_generate_vllm`` runs unchanged, unless the classmate
+requests go out per prompt group (``--classmate.dispatch``, :func:`classmate_config.dispatch_per_group`): then the
+same loop sends each kept group's classmate requests as soon as the group is generated (``classmate_dispatch``),
+so the classmate engines generate while the policy engines finish the other groups, and ``generate_samples``
+returns the batch as a :class:`~openrlhf_classmate.integration.classmate_stage.ClassmateRollout` carrying them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
 from openrlhf.utils.logging_utils import init_logger
+from tqdm import tqdm
 
+from openrlhf_classmate.integration.classmate_stage import ClassmateRollout, merge_pending
 from openrlhf_classmate.integration.experience_maker import main_validity
 from openrlhf_classmate.integration.step_health import no_valid_score_yet
 
@@ -41,24 +47,51 @@ def filter_decision(scores: Sequence[float], valid: Sequence[bool], score_range:
 class ClassmateSamplesGenerator(SamplesGenerator):
     invalid_groups = 0  # groups dropped for having no valid score
     seen_valid_score = False
+    # set by the controller where the classmate requests go out per prompt group: the classmate stage's dispatch,
+    # and whether the next rollout batch is a classmate step (the step-time benchmark alternates)
+    classmate_dispatch: Callable | None = None
+    wants_classmate: Callable[[], bool] = staticmethod(lambda: True)
+
+    def generate_samples(self, **generate_kwargs):
+        self._early = []  # (group, its classmate requests) in the order the groups joined the batch
+        early = self.classmate_dispatch is not None and self.wants_classmate()
+        self._dispatching = early
+        try:
+            samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
+        finally:
+            self._dispatching = False
+        if early and samples:
+            parts = [p for _, p in self._early]
+            if [id(x) for g, _ in self._early for x in g] != [id(x) for x in samples]:
+                raise RuntimeError("per-group classmate dispatch: the rollout batch is not the dispatched groups in "
+                                   "order (a sample buffer across steps?); use --classmate.dispatch batch")
+            samples = ClassmateRollout(samples, merge_pending(parts))
+        self._early = []
+        return samples, pass_rate, consumed, exhausted
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
-        if not dynamic_filtering:
+        dispatching = getattr(self, "_dispatching", False)
+        if not dynamic_filtering and not dispatching:
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
         # upstream's loop (dispatch, collect per prompt group as it finishes, replace each dropped group at once),
-        # with filter_decision in place of its mean over every score
+        # with filter_decision in place of its mean over every score, and each kept group's classmate requests
+        # sent at once where they go out per group
         prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, num_prompts)
         if not prompts:
             return [], 0, True
         consumed, accepted, dropped_invalid = len(prompts), [], 0
         pending = self._dispatch_prompts_to_vllm(prompts, labels, images=images, **generate_kwargs)
+        bar = tqdm(total=len(prompts), desc="Generate samples")
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=10.0)
             for ref in ready:
                 group = [self._process_response_into_experience(r, **generate_kwargs) for r in ray.get(ref)]
-                decision = self._decide(group)
+                decision = self._decide(group) if dynamic_filtering else KEEP
                 if decision == KEEP:
+                    if dispatching:
+                        self._early.append((group, self.classmate_dispatch(group, first_index=len(accepted))))
                     accepted.extend(group)
+                    bar.update()
                     continue
                 dropped_invalid += decision == NO_VALID_SCORE
                 new_prompts, new_labels, new_images, exhausted = _collect_prompt_batch(dataloader_iter, 1)
@@ -66,6 +99,7 @@ class ClassmateSamplesGenerator(SamplesGenerator):
                 if new_prompts:
                     pending.extend(self._dispatch_prompts_to_vllm(new_prompts, new_labels, images=new_images,
                                                                   **generate_kwargs))
+        bar.close()
         if dropped_invalid:
             logger.warning(f"dynamic filtering dropped {dropped_invalid} prompt group(s) whose main scores were all "
                            "invalid (judge or verifier failures; see the reward function's log lines)")

@@ -26,6 +26,8 @@ from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_classmate.errors import TrainingStopped  # raised here, caught by the launcher
 from openrlhf_classmate.integration import mismatch
+from openrlhf_classmate.integration.classmate_config import dispatch_per_group
+from openrlhf_classmate.integration.classmate_stage import ClassmateRollout
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
 
 logger = init_logger(__name__)
@@ -47,15 +49,6 @@ def classmate_tokenizers(args) -> list:
     from transformers import AutoTokenizer
 
     return [AutoTokenizer.from_pretrained(p, trust_remote_code=True) for p in args.classmate.model_name_or_path]
-
-
-class ClassmateRollout(list):
-    """A rollout batch (list of single-sample experiences) that carries its in-flight classmate requests from the
-    async generator to the training actor (the queue pickles the list with this attribute)."""
-
-    def __init__(self, samples, classmate_pending=None):
-        super().__init__(samples)
-        self.classmate_pending = classmate_pending
 
 
 class ClassmateControllerMixin(BasePPOTrainer):
@@ -96,6 +89,10 @@ class ClassmateControllerMixin(BasePPOTrainer):
             colocated=colocated,
             reward_hooks=build_reward_hooks(args, self.tokenizer),
         )
+        if stage is not None and hasattr(self, "samples_generator") and dispatch_per_group(args):
+            # each prompt group's classmate requests leave as soon as the group is generated (--classmate.dispatch)
+            self.samples_generator.classmate_dispatch = stage.dispatch
+            self.samples_generator.wants_classmate = self.experience_maker.next_batch_is_classmate_step
 
     def train_step(self, rollout_samples, global_step: int):
         """Upstream's step, plus the step's judge health (``judge/*`` and the valid fractions; a warning line when a
@@ -259,11 +256,13 @@ class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
 
             self.classmate_stage = ClassmateStage(strategy.args, self.samples_generator.tokenizer, classmate_engines,
                                                   classmate_tokenizers(strategy.args))
+            if dispatch_per_group(strategy.args):  # per prompt group, as each is generated (--classmate.dispatch)
+                self.samples_generator.classmate_dispatch = self.classmate_stage.dispatch
             rollout = self.samples_generator.generate_samples
 
             def generate_samples(**generate_kwargs):
                 samples, pass_rate, consumed, exhausted = rollout(**generate_kwargs)
-                if samples:
+                if samples and getattr(samples, "classmate_pending", None) is None:
                     samples = ClassmateRollout(samples, self.classmate_stage.dispatch(samples))
                 return samples, pass_rate, consumed, exhausted
 
