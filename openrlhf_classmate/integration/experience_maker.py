@@ -23,7 +23,9 @@ are masked out of the main statistics, in plain runs too; a batch with no valid 
 When the classmate shares GPUs with the actor/ref models (``--classmate.placement colocate``) step 3 runs before
 step 2 and the classmate engines sleep in between, because the forward passes need the memory; otherwise the
 classmate generation overlaps the forward passes, and the overlap is measured and logged. In async training step 1
-happened in the rollout actor (``integration.trainer``): the batch arrives with its requests in flight.
+happened in the rollout actor (``integration.trainer``): the batch arrives with its requests in flight. So does a
+batch whose requests the samples generator sent prompt group by prompt group during the rollout
+(``--classmate.dispatch``, where the classmate engines are awake).
 """
 
 from __future__ import annotations
