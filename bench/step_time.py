@@ -97,7 +97,8 @@ def variant(a) -> str:
     """The suffix of this variant's work folders and JSON file (empty for the launcher's defaults)."""
     return (("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
             + {"off": "", "always": "_per-key-syncs", "alternate": "_per-key-alternate"}[a.per_key_syncs]
-            + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}"))
+            + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}")
+            + ("_seeded" if getattr(a, "seed_requests", False) else ""))
 
 
 def launcher_env(a, interleave: bool) -> dict[str, str]:
@@ -189,6 +190,8 @@ def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -
                  "--classmate.max_new_tokens", str(a.classmate_new_tokens), "--classmate.temperature", "1.0",
                  "--classmate.placement", placement, "--classmate.gpu_memory_utilization", str(memory),
                  "--classmate.dispatch", getattr(a, "dispatch", "auto")]
+        if getattr(a, "seed_requests", False):
+            argv.append("--classmate.seed_requests")
     return argv
 
 
@@ -511,6 +514,9 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dispatch", choices=("auto", "group", "batch"), default="auto",
                    help="--classmate.dispatch (auto: per prompt group where the classmate engines stay awake, i.e. "
                         "--placement share)")
+    p.add_argument("--seed-requests", action="store_true",
+                   help="--classmate.seed_requests: a seed per classmate request (vLLM's per-request sampling loop; "
+                        "the launcher's default is off)")
     p.add_argument("--placement", choices=("colocate", "share"), default=None,
                    help="--classmate.placement (default: colocate on 1 GPU, share on 2)")
     p.add_argument("--classmate-memory", type=float, default=None,

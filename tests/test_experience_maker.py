@@ -524,7 +524,7 @@ def test_separated_advantages_live_on_the_cot_and_the_stage_overlaps_the_forward
     # not colocated: requests go out before the actor forward and are gathered after it
     assert fake_ray.index("generate") < fake_ray.index("actor forward") < len(fake_ray) - 1
     assert "sleep" not in fake_ray and "wake_up" not in fake_ray
-    assert len(set(engine.seeds)) == 12  # a fresh seed per request
+    assert engine.seeds == [None] * 12  # the engine's seed (vLLM samples seeded requests one by one)
     main_expected = _dr_grpo(MAIN)
     classmate_expected = _dr_grpo(CLASSMATE)
     for exp in out:
@@ -807,3 +807,16 @@ def test_the_next_batch_is_a_classmate_step_as_the_bench_alternation_says(world,
     assert seen == [True, False, True, False]
     plain, _ = _maker(_args(world), world.tok, fake_ray, classmate=False)
     assert not plain.next_batch_is_classmate_step()
+
+
+def test_seed_requests_gives_every_classmate_request_a_seed_of_its_own_from_the_train_seed(world, fake_ray):
+    seeds = []
+    for _ in range(2):
+        maker, engine = _maker(_args(world, "--classmate.seed_requests"), world.tok, fake_ray)
+        maker.make_experience_batch(_rollout(world.tok))
+        seeds.append(engine.seeds)
+    assert len(set(seeds[0])) == 12 and all(isinstance(s, int) for s in seeds[0])
+    assert seeds[0] == seeds[1]  # the same train seed: the same request seeds
+    maker, engine = _maker(_args(world, "--classmate.seed_requests", "--train.seed", "7"), world.tok, fake_ray)
+    maker.make_experience_batch(_rollout(world.tok))
+    assert engine.seeds != seeds[0]

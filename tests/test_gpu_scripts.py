@@ -145,6 +145,9 @@ def test_step_time_dispatch_variants(placement, dispatch, per_group):
     assert dispatch_per_group(args) is per_group
     assert step_time.variant(a) == ("" if dispatch == "auto" else f"_dispatch-{dispatch}")
     assert step_time.parse_cli(["--placement", "share", "--dispatch", "batch"]).dispatch == "batch"
+    seeded = SimpleNamespace(**{**vars(a), "seed_requests": True})
+    assert parse_args(step_time.launcher_argv(seeded, "policy", "classmate", "d.jsonl", "/tmp/x")).classmate.seed_requests
+    assert not args.classmate.seed_requests and step_time.variant(seeded).endswith("_seeded")
 
 
 def test_per_key_syncs_flag_always_or_alternate_sets_the_launchers_switch():

@@ -254,6 +254,15 @@ class ClassmateConfig:
         default=10_000, metadata={"help": "Classmate engine seeds start at --train.seed + this (keeps them apart "
                                           "from the policy engines' seeds)", "range": Bound(lo=0)}
     )
+    seed_requests: bool = field(
+        default=False,
+        metadata={"help": "Give every classmate request a seed of its own (drawn from --train.seed), so that an answer "
+                          "depends on its input and seed only, never on what it was batched with. Off (as upstream's "
+                          "policy rollouts): the classmate engines sample from their engine seed. Cost when on: vLLM "
+                          "draws the sampling noise of each seeded request in a separate kernel launch on a "
+                          "vocabulary-wide row, at every decode step (its sampler's per-request loop), where "
+                          "unseeded requests share one launch"},
+    )
     judge_base_url: str | None = field(
         default=None, metadata={"help": "OpenAI-compatible judge endpoint (e.g. http://host:8000/v1) for the judge "
                                         "scorers (data sources scored by an LLM judge, main or classmate answers)"}

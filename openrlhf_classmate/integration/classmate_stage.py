@@ -155,6 +155,7 @@ class ClassmateStage:
         self.stop_ids = load_stop_token_ids(getattr(args.actor, "model_name_or_path", None), main_tokenizer)
         self.generator = torch.Generator().manual_seed(int(args.train.seed))
         self.request_seeds = np.random.default_rng([int(args.train.seed), 7])
+        self.seed_requests = bool(getattr(self.cfg, "seed_requests", False))
         self.vanilla = self.cfg.loss == "vanilla_classmate"
         self.score = scorer if scorer is not None else registry_scorer()
         self._next_engine = [0] * len(engines)
@@ -195,7 +196,7 @@ class ClassmateStage:
 
     # ── dispatch / gather ──
 
-    def _sampling_params(self, seed: int):
+    def _sampling_params(self, seed: int | None):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -244,7 +245,9 @@ class ClassmateStage:
                 prompt = {"input_ids": request.input_ids, "cot_offset": request.cot_offset,
                           "cot_len": request.cot_token_count}
                 for s in range(self.cfg.samples):
-                    seed = int(self.request_seeds.integers(0, 2**31 - 1))  # a fresh seed per request
+                    # a fresh seed per request with --classmate.seed_requests; none otherwise: vLLM samples seeded
+                    # requests one by one at every decode step, unseeded ones in one go
+                    seed = int(self.request_seeds.integers(0, 2**31 - 1)) if self.seed_requests else None
                     pending.refs[(i, k, s)] = self._engine(k).generate_responses.remote(
                         prompt=prompt, label=None, sampling_params=self._sampling_params(seed),
                         max_length=self.cfg.max_context, hf_tokenizer=None, num_samples=1,
