@@ -43,6 +43,14 @@ GDPO / GRPO ratio of each path and, per kind, the per-key minus batched ``actor 
 medians, and of each per-key step against the batched step of its kind just before it). Files carry
 ``_per-key-alternate``.
 
+Changes to the classmate stage (issue 26), measured the same way: ``--interleave --before dispatch`` (with
+``--placement share``, where the classmate requests go out per prompt group) sends them after the whole batch on
+steps 3-4, 7-8, ... (the path before the change); ``--before seeds`` gives every classmate request a seed of its own
+on those steps (``--classmate.seed_requests``, the path before the change). The launcher reports the path of each
+step (``bench/before``); the steps split into four groups as above, with the before minus after ``step total``,
+``make experience`` and ``generation`` per kind (GRPO steps take no classmate path, so their two groups are a
+control: their difference is the run's noise). Files carry ``_before-dispatch`` / ``_before-seeds``.
+
 ``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
 """
 
@@ -61,6 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
+from openrlhf_classmate.integration.experience_maker import BENCH_BEFORE_ENV  # noqa: E402
 from openrlhf_classmate.integration.strategy import PER_KEY_SYNCS_ENV  # noqa: E402
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
 from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
@@ -98,7 +107,8 @@ def variant(a) -> str:
     return (("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
             + {"off": "", "always": "_per-key-syncs", "alternate": "_per-key-alternate"}[a.per_key_syncs]
             + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}")
-            + ("_seeded" if getattr(a, "seed_requests", False) else ""))
+            + ("_seeded" if getattr(a, "seed_requests", False) else "")
+            + (f"_before-{a.before}" if getattr(a, "before", None) else ""))
 
 
 def launcher_env(a, interleave: bool) -> dict[str, str]:
@@ -106,6 +116,8 @@ def launcher_env(a, interleave: bool) -> dict[str, str]:
     env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else {}
     if a.per_key_syncs != "off":
         env[PER_KEY_SYNCS_ENV] = "1" if a.per_key_syncs == "always" else "alternate"
+    if getattr(a, "before", None):
+        env[BENCH_BEFORE_ENV] = a.before
     return env
 
 
@@ -235,6 +247,12 @@ def launcher_step_scalars(log: str) -> dict[str, dict[int, float]]:
 
 # the rows whose per-key minus batched difference an alternating run reports
 BEFORE_AFTER = ["timing/ppo_train", "timing/step_total"]
+# the same for --before (a change of the classmate stage: it shows in the experience making and, sent per prompt
+# group, in the generation)
+BEFORE_AFTER_STAGE = ["timing/generation", "timing/make_experience", "timing/step_total"]
+# (the launcher's per-step path flag, the key of the steps with flag 1 in the split, the rows compared)
+ALTERNATIONS = (("train/bench/per_key_syncs", "per_key", BEFORE_AFTER),
+                ("train/bench/before", "before", BEFORE_AFTER_STAGE))
 
 
 def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> dict:
@@ -249,15 +267,18 @@ def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> d
     upstream's per-key, 0 = batched). Its steps split into four groups, each with its own warm-up; the keys above
     are then those of the batched steps (the launcher's own path, comparable with runs without the switch),
     ``per_key`` holds the same keys for the per-key steps, and ``before_after`` per kind and :data:`BEFORE_AFTER`
-    tag the per-key minus batched seconds (:func:`before_after`)."""
-    syncs = tb.get("train/bench/per_key_syncs")
-    if not syncs:
+    tag the per-key minus batched seconds (:func:`before_after`). A run under ``--before`` (``bench/before``: 1 =
+    the classmate stage's path before the change) splits the same way, with ``before`` for the before steps and
+    the rows of :data:`BEFORE_AFTER_STAGE`."""
+    alternation = next(((key, tags, tb[flag]) for flag, key, tags in ALTERNATIONS if tb.get(flag)), None)
+    if alternation is None:
         return _split_kinds(tb, None, skip_first)
-    out = _split_kinds(tb, {s for s, v in syncs.items() if round(v) == 0}, skip_first)
-    out["per_key"] = _split_kinds(tb, {s for s, v in syncs.items() if round(v) == 1}, skip_first)
+    key, tags, paths = alternation
+    out = _split_kinds(tb, {s for s, v in paths.items() if round(v) == 0}, skip_first)
+    out[key] = _split_kinds(tb, {s for s, v in paths.items() if round(v) == 1}, skip_first)
     out["before_after"] = {kind: {tag: before_after(out[kind]["per_step"].get(tag, {}),
-                                                    out["per_key"][kind]["per_step"].get(tag, {}))
-                                  for tag in BEFORE_AFTER}
+                                                    out[key][kind]["per_step"].get(tag, {}))
+                                  for tag in tags}
                            for kind in ("gdpo", "grpo")}
     return out
 
@@ -423,12 +444,15 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
 
 def print_interleaved(result: dict) -> None:
     row = result["calls"][-1]
-    alternate = "per_key" in row
-    # (column title, the group's split): two kinds, or under --per-key-syncs alternate two kinds x two paths
+    # the alternation of this run, if any: (key of its second group, title of the first path, of the second)
+    alternate = (("per_key", "batched", "per-key") if "per_key" in row
+                 else ("before", "after", "before") if "before" in row else None)
+    # (column title, the group's split): two kinds, or under an alternation two kinds x two paths
     columns = [("GRPO", row.get("grpo")), ("GDPO", row.get("gdpo"))]
     if alternate:
-        columns = [("GRPO batched", row["grpo"]), ("GRPO per-key", row["per_key"]["grpo"]),
-                   ("GDPO batched", row["gdpo"]), ("GDPO per-key", row["per_key"]["gdpo"])]
+        key, first, second = alternate
+        columns = [(f"GRPO {first}", row["grpo"]), (f"GRPO {second}", row[key]["grpo"]),
+                   (f"GDPO {first}", row["gdpo"]), (f"GDPO {second}", row[key]["gdpo"])]
     steps = " / ".join(f"{title.lower()} {(group or {}).get('steps')}" for title, group in columns)
     print(f"\ninterleaved step time, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
           f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps {steps}")
@@ -455,21 +479,22 @@ def print_interleaved(result: dict) -> None:
     if not alternate:
         ratio_line("GDPO / GRPO", row)
     else:
-        ratio_line("GDPO / GRPO, batched steps", row)
-        ratio_line("GDPO / GRPO, per-key steps", row["per_key"])
+        key, first, second = alternate
+        ratio_line(f"GDPO / GRPO, {first} steps", row)
+        ratio_line(f"GDPO / GRPO, {second} steps", row[key])
 
         def diff(x: float | None) -> str:
             return "n/a" if x is None else f"{x:+.2f}"
 
         for label, tag in ROWS:
-            if tag in BEFORE_AFTER:
+            if tag in row["before_after"]["gdpo"]:
                 parts = []
                 for kind in ("gdpo", "grpo"):
                     ba = row["before_after"][kind][tag]
                     pairs = ba["paired"] or {}
                     parts.append(f"{kind.upper()} {diff(ba['median_diff'])} (pairs {diff(pairs.get('median'))} "
                                  f"[{diff(pairs.get('min'))}, {diff(pairs.get('max'))}])")
-                print(f"per-key - batched, {label}: " + ", ".join(parts))
+                print(f"{second} - {first}, {label}: " + ", ".join(parts))
     if "call_spread" in result:
         print(f"ratios of the calls so far: {result['ratios']} (spread {result['call_spread']}; "
               f"{'agree' if result['calls_agree'] else 'DO NOT agree'} within +-0.05)")
@@ -514,6 +539,10 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dispatch", choices=("auto", "group", "batch"), default="auto",
                    help="--classmate.dispatch (auto: per prompt group where the classmate engines stay awake, i.e. "
                         "--placement share)")
+    p.add_argument("--before", choices=("dispatch", "seeds"), default=None,
+                   help=f"with --interleave: steps 3-4, 7-8, ... take the classmate stage's path before a change "
+                        f"({BENCH_BEFORE_ENV}): dispatch (requests sent after the batch; needs --placement share) "
+                        "or seeds (a seed per classmate request)")
     p.add_argument("--seed-requests", action="store_true",
                    help="--classmate.seed_requests: a seed per classmate request (vLLM's per-request sampling loop; "
                         "the launcher's default is off)")
@@ -522,6 +551,15 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classmate-memory", type=float, default=None,
                    help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
     a = p.parse_args(argv)
+    if a.before and not a.interleave:
+        p.error("--before needs --interleave: it compares the steps of one run")
+    if a.before and a.per_key_syncs == "alternate":
+        p.error("--before and --per-key-syncs alternate both split the steps: measure one change per run")
+    if a.before == "dispatch" and (a.placement or ("colocate" if a.gpus == 1 else "share")) != "share":
+        p.error("--before dispatch needs --placement share: with the classmate engines asleep during the rollout "
+                "(colocate) the requests always go out after the batch")
+    if a.before == "seeds" and a.seed_requests:
+        p.error("--before seeds alternates the request seeds itself: drop --seed-requests")
     if a.per_key_syncs == "alternate" and not a.interleave:
         p.error("--per-key-syncs alternate needs --interleave: it compares the steps of one run (use --per-key-syncs "
                 "for a separate run with upstream's path on every step)")
@@ -550,7 +588,8 @@ def main() -> None:
         "batch": f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, classmate "
                  f"{a.classmate_new_tokens} new tokens",
         "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction,
-        "per_key_syncs": a.per_key_syncs, "runs": {},
+        "per_key_syncs": a.per_key_syncs, "before": a.before, "dispatch": a.dispatch,
+        "seed_requests": a.seed_requests, "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)
     if a.interleave:

@@ -172,6 +172,6 @@ def test_each_kept_group_sends_its_classmate_requests_as_soon_as_it_is_generated
 
     # a batch that will train without the classmate (the step-time benchmark's alternation) sends nothing
     plain, _ = _generator(ClassmateSamplesGenerator, ANSWERS, filtering=filtering)
-    plain.classmate_dispatch, plain.wants_classmate = Dispatch(), lambda: False
+    plain.classmate_dispatch, plain.dispatch_next_per_group = Dispatch(), lambda: False
     samples = plain.generate_samples()[0]
     assert type(samples) is list and len(samples) == 8 and plain.classmate_dispatch.calls == []

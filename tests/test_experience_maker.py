@@ -820,3 +820,31 @@ def test_seed_requests_gives_every_classmate_request_a_seed_of_its_own_from_the_
     maker, engine = _maker(_args(world, "--classmate.seed_requests", "--train.seed", "7"), world.tok, fake_ray)
     maker.make_experience_batch(_rollout(world.tok))
     assert engine.seeds != seeds[0]
+
+
+def test_the_bench_before_switch_takes_the_old_path_on_steps_3_4_7_8(world, fake_ray, monkeypatch):
+    # bench/step_time.py --before seeds|dispatch: one run measures a change of issue 26 as a before/after pair
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "seeds")
+    maker, engine = _maker(_args(world), world.tok, fake_ray)
+    seeded, before = [], []
+    for _ in range(6):
+        engine.seeds.clear()
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        seeded.append(all(isinstance(s, int) for s in engine.seeds) and len(set(engine.seeds)) == 12)
+        assert seeded[-1] or engine.seeds == [None] * 12
+        before.append(float(experiences[0].info["bench/before"][0]))
+    assert seeded == [False, False, True, True, False, False] and before == [0, 0, 1, 1, 0, 0]
+
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch")
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")  # odd batches GDPO, even GRPO
+    maker, engine = _maker(_args(world), world.tok, fake_ray)
+    plan = []
+    for _ in range(8):
+        plan.append((maker.next_batch_is_classmate_step(), maker.next_batch_dispatches_per_group()))
+        maker.make_experience_batch(_rollout(world.tok))
+    assert engine.seeds == [None] * 12 * 4  # four GDPO batches, never seeded
+    assert plan == [(True, True), (False, False), (True, False), (False, False)] * 2
+
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "prefix")
+    with pytest.raises(ValueError, match="OPENRLHF_CLASSMATE_BENCH_BEFORE=prefix: one of dispatch, seeds"):
+        _maker(_args(world), world.tok, fake_ray)

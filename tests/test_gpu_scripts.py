@@ -369,3 +369,81 @@ def test_vllm_logprobs_overhead_needs_a_real_vllm():
     res = subprocess.run([sys.executable, "bench/vllm_logprobs_overhead.py", "--tokenizer", "none"], cwd=REPO,
                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
     assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: this benchmark runs vLLM")
+
+
+def _before_run() -> dict:
+    """16 interleaved steps under ``--before dispatch``: odd GDPO, even GRPO; steps 3-4, 7-8, ... on the path before
+    the change (``bench/before``), GDPO steps slower there; GRPO steps take no classmate path (the control)."""
+    total = {1: 40.0, 2: 30.0, 3: 41.0, 4: 31.0,
+             5: 24.0, 9: 25.0, 13: 24.5, 7: 27.0, 11: 28.0, 15: 27.5,  # GDPO: after (per group), before (batch)
+             6: 20.0, 10: 20.2, 14: 20.1, 8: 20.1, 12: 20.0, 16: 20.3}  # GRPO: the same path twice
+    return {"train/bench/classmate_step": {s: float(s % 2) for s in range(1, 17)},
+            "train/bench/before": {s: float((s - 1) // 2 % 2) for s in range(1, 17)},
+            "train/timing/step_total": total,
+            "train/timing/make_experience": {s: v / 4 for s, v in total.items()},
+            "train/timing/generation": {s: 10.0 for s in total}}
+
+
+def test_before_switch_splits_into_four_groups_with_the_stage_rows(capsys):
+    step_time = _bench("step_time")
+    out = step_time.split_interleaved(_before_run())
+    assert out["gdpo"]["steps"] == [5, 9, 13] and out["before"]["gdpo"]["steps"] == [7, 11, 15]
+    assert out["ratio"] == round(24.5 / 20.1, 3) and out["before"]["ratio"] == round(27.5 / 20.1, 3)
+    ba = out["before_after"]
+    assert set(ba["gdpo"]) == {"timing/generation", "timing/make_experience", "timing/step_total"}
+    assert ba["gdpo"]["timing/step_total"]["median_diff"] == 3.0
+    assert ba["gdpo"]["timing/step_total"]["pairs"] == {7: 3.0, 11: 3.0, 15: 3.0}
+    assert ba["grpo"]["timing/step_total"]["median_diff"] == 0.0  # the control: no classmate path to change
+    assert ba["gdpo"]["timing/generation"]["median_diff"] == 0.0
+    row = {"run": "interleaved", "exit": 0, "call": 1, **out}
+    step_time.print_interleaved({"gpus": 1, "device": "cpu", "placement": "share", "batch": "b", "calls": [row]})
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if "GRPO after" in line)
+    assert header.split() == ["GRPO", "after", "GRPO", "before", "GDPO", "after", "GDPO", "before"]
+    assert "GDPO / GRPO, after steps = 1.219" in text and "GDPO / GRPO, before steps = 1.368" in text
+    assert "before - after, step total: GDPO +3.00 (pairs +3.00 [+3.00, +3.00]), GRPO +0.00" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--before", "seeds"], "--before needs --interleave"),
+    (["--interleave", "--before", "dispatch"], "--before dispatch needs --placement share"),
+    (["--interleave", "--before", "seeds", "--per-key-syncs", "alternate"], "measure one change per run"),
+    (["--interleave", "--before", "seeds", "--seed-requests"], "drop --seed-requests"),
+])
+def test_before_switch_misuse_is_refused(capsys, argv, message):
+    step_time = _bench("step_time")
+    with pytest.raises(SystemExit):
+        step_time.parse_cli(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_before_switch_reaches_the_launcher_environment():
+    step_time = _bench("step_time")
+    a = step_time.parse_cli(["--interleave", "--before", "dispatch", "--placement", "share"])
+    assert step_time.launcher_env(a, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1",
+                                                          "OPENRLHF_CLASSMATE_BENCH_BEFORE": "dispatch"}
+    assert step_time.variant(a) == "_before-dispatch"
+
+
+@pytest.mark.slow
+def test_before_dispatch_tiny_interleaved_run_alternates_the_dispatch(tmp_path):
+    """The script path on CPU (tiny models, HF engines, classmate placement share): GDPO steps 1, 5 send their
+    classmate requests per prompt group, steps 3, 7 after the batch; the launcher reports both per step."""
+    import json
+
+    from openrlhf_classmate.testing.watchdog import run_watched
+
+    log = tmp_path / "bench.log"
+    code = run_watched([sys.executable, "bench/step_time.py", "--tiny", "--engine", "hf", "--interleave",
+                        "--before", "dispatch", "--placement", "share", "--steps", "8", "--prompts", "2",
+                        "--samples", "2", "--new-tokens", "16", "--classmate-new-tokens", "8", "--micro-batch", "2",
+                        "--train-micro-batch", "2", "--models", str(tmp_path / "models"), "--work",
+                        str(tmp_path / "work"), "--out", str(tmp_path / "out")], str(log), cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
+    assert code == 0, log.read_text()[-6000:]
+    row = json.loads((tmp_path / "out" / "step_time_1gpu_interleaved_share_before-dispatch.json").read_text())
+    row = row["calls"][-1]
+    scalars = _bench("step_time").launcher_step_scalars(row["log"])
+    assert scalars["train/bench/before"] == {s: float((s - 1) // 2 % 2) for s in range(1, 9)}
+    assert scalars["train/classmate/dispatched_per_group"] == {1: 1.0, 3: 0.0, 5: 1.0, 7: 0.0}
+    assert (row["gdpo"]["steps"], row["before"]["gdpo"]["steps"]) == ([5], [7])

@@ -43,6 +43,10 @@ from openrlhf_classmate.algo.advantages import SEPARATED, compute_advantages, gr
 from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
 from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
+from openrlhf_classmate.integration.strategy import per_key_step
+
+BENCH_BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
+BENCH_BEFORE_CHANGES = ("dispatch", "seeds")  # the changes of issue 26 a run can measure before/after
 
 
 class AllScoresInvalidError(RuntimeError):
@@ -112,13 +116,37 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         if self.bench_alternate and self.stage is not None and uses_separated_loss(self.args):
             raise ValueError("OPENRLHF_CLASSMATE_BENCH_ALTERNATE needs a single-advantage estimator (gdpo, grpo, ...): "
                              "the separated losses cannot train a step without classmate advantages")
+        # bench/step_time.py --before dispatch|seeds sets this: on the steps of per_key_step (3-4, 7-8, ...) the
+        # classmate stage takes the path before a change (requests sent after the batch, or a seed per request), so
+        # that one run measures the change as a before/after pair (a benchmark control, never set in a training run)
+        self.bench_before = os.environ.get(BENCH_BEFORE_ENV) or None
+        if self.bench_before not in (None, *BENCH_BEFORE_CHANGES):
+            raise ValueError(f"{BENCH_BEFORE_ENV}={self.bench_before}: one of {', '.join(BENCH_BEFORE_CHANGES)}")
+        self._seed_requests = bool(getattr(self.stage, "seed_requests", False))  # the run's own setting
         self._batches_made = 0
         self.last_mismatch = None  # the last batch's train-inference mismatch (integration.mismatch), read once
+
+    def bench_plan(self, batch: int) -> tuple[bool, bool]:
+        """(classmate step, before path) of rollout batch number ``batch`` (1-based): every batch is a classmate
+        step but under the step-time benchmark's alternation (odd batches only), and the before path is taken only
+        under its before/after switch. Sets the classmate stage's request seeds for that batch."""
+        classmate = self.stage is not None and not (self.bench_alternate and batch % 2 == 0)
+        before = self.bench_before is not None and per_key_step(batch)
+        if classmate and self.bench_before == "seeds":
+            self.stage.seed_requests = before or self._seed_requests
+        return classmate, before
 
     def next_batch_is_classmate_step(self) -> bool:
         """Whether the next rollout batch gets the classmate stage (all do, but under the step-time benchmark's
         alternation): a generator that dispatches per prompt group asks before it sends anything."""
-        return self.stage is not None and not (self.bench_alternate and (self._batches_made + 1) % 2 == 0)
+        return self.bench_plan(self._batches_made + 1)[0]
+
+    def next_batch_dispatches_per_group(self) -> bool:
+        """Whether the generator sends the next batch's classmate requests per prompt group (it does so only where
+        the run's --classmate.dispatch resolves to group): a classmate step, and not the benchmark's before path
+        of --before dispatch."""
+        classmate, before = self.bench_plan(self._batches_made + 1)
+        return classmate and not (before and self.bench_before == "dispatch")
 
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
@@ -188,9 +216,11 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid",
                                         "; ".join(reasons) or None)
         self._batches_made += 1
-        classmate_step = self.stage is not None and not (self.bench_alternate and self._batches_made % 2 == 0)
+        classmate_step, before = self.bench_plan(self._batches_made)
         if self.bench_alternate:
             hook_metrics["bench/classmate_step"] = float(classmate_step)
+        if self.bench_before is not None:
+            hook_metrics["bench/before"] = float(before)
         if not classmate_step:
             experiences = super().make_experience_batch(rollout_samples)
             if not main_valid.all():

@@ -48,13 +48,13 @@ class ClassmateSamplesGenerator(SamplesGenerator):
     invalid_groups = 0  # groups dropped for having no valid score
     seen_valid_score = False
     # set by the controller where the classmate requests go out per prompt group: the classmate stage's dispatch,
-    # and whether the next rollout batch is a classmate step (the step-time benchmark alternates)
+    # and whether the next rollout batch sends them so (the step-time benchmark's controls can say no)
     classmate_dispatch: Callable | None = None
-    wants_classmate: Callable[[], bool] = staticmethod(lambda: True)
+    dispatch_next_per_group: Callable[[], bool] = staticmethod(lambda: True)
 
     def generate_samples(self, **generate_kwargs):
         self._early = []  # (group, its classmate requests) in the order the groups joined the batch
-        early = self.classmate_dispatch is not None and self.wants_classmate()
+        early = self.classmate_dispatch is not None and self.dispatch_next_per_group()
         self._dispatching = early
         try:
             samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)

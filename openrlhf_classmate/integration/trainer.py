@@ -92,7 +92,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
         if stage is not None and hasattr(self, "samples_generator") and dispatch_per_group(args):
             # each prompt group's classmate requests leave as soon as the group is generated (--classmate.dispatch)
             self.samples_generator.classmate_dispatch = stage.dispatch
-            self.samples_generator.wants_classmate = self.experience_maker.next_batch_is_classmate_step
+            self.samples_generator.dispatch_next_per_group = self.experience_maker.next_batch_dispatches_per_group
 
     def train_step(self, rollout_samples, global_step: int):
         """Upstream's step, plus the step's judge health (``judge/*`` and the valid fractions; a warning line when a
