@@ -316,24 +316,29 @@ def test_alternate_syncs_table_shows_four_columns_and_the_before_after(capsys):
     assert "per-key - batched, actor update: GDPO +1.00 (pairs +1.00 [+1.00, +1.20]), GRPO +0.40" in text
 
 
-@pytest.mark.slow
-def test_alternate_syncs_tiny_interleaved_run_reports_four_groups(tmp_path):
-    """The script path on CPU (tiny models, HF engines, 8 small steps, ~1 min): the real actor reports the path each
-    step took, steps 1-2 and 5-6 batched, 3-4 and 7-8 per-key, and the JSON has each group's steady step."""
+def _tiny_interleaved(tmp_path, json_name: str, *flags: str) -> dict:
+    """``bench/step_time.py --interleave`` on CPU (tiny models, HF engines, 8 small steps, ~1 min) with ``flags``;
+    the call's row of the JSON it writes."""
     import json
 
     from openrlhf_classmate.testing.watchdog import run_watched
 
     log = tmp_path / "bench.log"
-    code = run_watched([sys.executable, "bench/step_time.py", "--tiny", "--engine", "hf", "--interleave",
-                        "--per-key-syncs", "alternate", "--steps", "8", "--prompts", "2", "--samples", "2",
-                        "--new-tokens", "16", "--classmate-new-tokens", "8", "--micro-batch", "2",
-                        "--train-micro-batch", "2", "--models", str(tmp_path / "models"), "--work",
-                        str(tmp_path / "work"), "--out", str(tmp_path / "out")], str(log), cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
+    code = run_watched([sys.executable, "bench/step_time.py", "--tiny", "--engine", "hf", "--interleave", *flags,
+                        "--steps", "8", "--prompts", "2", "--samples", "2", "--new-tokens", "16",
+                        "--classmate-new-tokens", "8", "--micro-batch", "2", "--train-micro-batch", "2", "--models",
+                        str(tmp_path / "models"), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
+                       str(log), cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
     assert code == 0, log.read_text()[-6000:]
-    row = json.loads((tmp_path / "out" / "step_time_1gpu_interleaved_colocate_per-key-alternate.json").read_text())
-    row = row["calls"][-1]
+    return json.loads((tmp_path / "out" / json_name).read_text())["calls"][-1]
+
+
+@pytest.mark.slow
+def test_alternate_syncs_tiny_interleaved_run_reports_four_groups(tmp_path):
+    """The script path on CPU (tiny models, HF engines, 8 small steps, ~1 min): the real actor reports the path each
+    step took, steps 1-2 and 5-6 batched, 3-4 and 7-8 per-key, and the JSON has each group's steady step."""
+    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_colocate_per-key-alternate.json",
+                            "--per-key-syncs", "alternate")
     step_time = _bench("step_time")
     flags = step_time.launcher_step_scalars(row["log"])["train/bench/per_key_syncs"]
     assert flags == {s: float((s - 1) // 2 % 2) for s in range(1, 9)}
@@ -344,7 +349,7 @@ def test_alternate_syncs_tiny_interleaved_run_reports_four_groups(tmp_path):
         for tag in ("timing/ppo_train", "timing/step_total"):
             ba = row["before_after"][kind][tag]
             assert list(ba["pairs"]) == [step] and ba["median_diff"] == ba["pairs"][step] == ba["paired"]["median"]
-    assert "per-key - batched, actor update: GDPO" in log.read_text()
+    assert "per-key - batched, actor update: GDPO" in (tmp_path / "bench.log").read_text()
 
 
 def test_the_step_time_target_is_tighter_on_two_gpus():
@@ -429,20 +434,8 @@ def test_before_switch_reaches_the_launcher_environment():
 def test_before_dispatch_tiny_interleaved_run_alternates_the_dispatch(tmp_path):
     """The script path on CPU (tiny models, HF engines, classmate placement share): GDPO steps 1, 5 send their
     classmate requests per prompt group, steps 3, 7 after the batch; the launcher reports both per step."""
-    import json
-
-    from openrlhf_classmate.testing.watchdog import run_watched
-
-    log = tmp_path / "bench.log"
-    code = run_watched([sys.executable, "bench/step_time.py", "--tiny", "--engine", "hf", "--interleave",
-                        "--before", "dispatch", "--placement", "share", "--steps", "8", "--prompts", "2",
-                        "--samples", "2", "--new-tokens", "16", "--classmate-new-tokens", "8", "--micro-batch", "2",
-                        "--train-micro-batch", "2", "--models", str(tmp_path / "models"), "--work",
-                        str(tmp_path / "work"), "--out", str(tmp_path / "out")], str(log), cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
-    assert code == 0, log.read_text()[-6000:]
-    row = json.loads((tmp_path / "out" / "step_time_1gpu_interleaved_share_before-dispatch.json").read_text())
-    row = row["calls"][-1]
+    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_share_before-dispatch.json",
+                            "--before", "dispatch", "--placement", "share")
     scalars = _bench("step_time").launcher_step_scalars(row["log"])
     assert scalars["train/bench/before"] == {s: float((s - 1) // 2 % 2) for s in range(1, 9)}
     assert scalars["train/classmate/dispatched_per_group"] == {1: 1.0, 3: 0.0, 5: 1.0, 7: 0.0}
