@@ -801,12 +801,12 @@ def test_the_next_batch_is_a_classmate_step_as_the_bench_alternation_says(world,
     maker, _ = _maker(_args(world), world.tok, fake_ray)
     seen = []
     for _ in range(4):
-        seen.append(maker.next_batch_is_classmate_step())
+        seen.append(maker.bench_plan(maker._batches_made + 1)[0])
         experiences = maker.make_experience_batch(_rollout(world.tok))
         assert ("classmate/reward" in experiences[0].info) == seen[-1]
     assert seen == [True, False, True, False]
     plain, _ = _maker(_args(world), world.tok, fake_ray, classmate=False)
-    assert not plain.next_batch_is_classmate_step()
+    assert not plain.bench_plan(1)[0]
 
 
 def test_seed_requests_gives_every_classmate_request_a_seed_of_its_own_from_the_train_seed(world, fake_ray):
@@ -840,7 +840,7 @@ def test_the_bench_before_switch_takes_the_old_path_on_steps_3_4_7_8(world, fake
     maker, engine = _maker(_args(world), world.tok, fake_ray)
     plan = []
     for _ in range(8):
-        plan.append((maker.next_batch_is_classmate_step(), maker.next_batch_dispatches_per_group()))
+        plan.append((maker.bench_plan(maker._batches_made + 1)[0], maker.next_batch_dispatches_per_group()))
         maker.make_experience_batch(_rollout(world.tok))
     assert engine.seeds == [None] * 12 * 4  # four GDPO batches, never seeded
     assert plan == [(True, True), (False, False), (True, False), (False, False)] * 2

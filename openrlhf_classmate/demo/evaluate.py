@@ -13,7 +13,6 @@ The CPU demo generates with its in-memory models (:func:`evaluate`); the GPU dem
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import torch
 
@@ -181,15 +180,14 @@ def score_samples(problems: list[W.Problem], samples: int, prompts: list[list[in
         row["classmate_correct"] = bool(c.valid and c.score > 0)
 
     n = len(rows)
-    named = style_names[:-1]
-    styles = Counter(row["style"] if row["style"] in named else style_names[-1] for row in rows)
+    shapes = by_style(rows, style_names)
     return {
         "main_accuracy": sum(r["main_correct"] for r in rows) / n,
         "classmate_accuracy": sum(r["classmate_correct"] for r in rows) / n,
         "cot_tokens": sum(r["cot_tokens"] for r in rows) / n,
         "chain_correct": sum(r["chain_correct"] for r in rows) / n,
-        "styles": {k: styles.get(k, 0) / n for k in style_names},
-        "by_style": by_style(rows, style_names),
+        "styles": {k: v["samples"] / n for k, v in shapes.items()},
+        "by_style": shapes,
         "num_problems": len(problems),
         "samples_per_problem": samples,
         "rows": rows,
@@ -199,9 +197,11 @@ def score_samples(problems: list[W.Problem], samples: int, prompts: list[list[in
 def by_style(rows: list[dict], style_names: tuple[str, ...]) -> dict:
     """Per CoT shape (``style_names``; the last takes the rest): how many samples, and the main and classmate
     accuracies on them: which shapes a main-answer reward favours, and which ones the classmate can follow."""
+    groups: dict[str, list[dict]] = {name: [] for name in style_names}
+    for r in rows:
+        groups[r["style"] if r["style"] in style_names[:-1] else style_names[-1]].append(r)
     out = {}
-    for name in style_names:
-        mine = [r for r in rows if r["style"] == name or (name == style_names[-1] and r["style"] not in style_names)]
+    for name, mine in groups.items():
         out[name] = {"samples": len(mine),
                      "main_accuracy": sum(r["main_correct"] for r in mine) / len(mine) if mine else None,
                      "classmate_accuracy": sum(r["classmate_correct"] for r in mine) / len(mine) if mine else None}

@@ -480,8 +480,8 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _fail("--train.async_enable overlaps rollouts with training, which vLLM sleep mode cannot (upstream refuses "
               "--vllm.enable_sleep with async too): use --classmate.placement separate or share without "
               "--classmate.enable_sleep")
-    if cfg.dispatch == "group" and _group_dispatch_obstacle(args):
-        _fail(f"--classmate.dispatch group: {_group_dispatch_obstacle(args)}; use --classmate.dispatch batch (or "
+    if cfg.dispatch == "group" and (obstacle := _group_dispatch_obstacle(args)):
+        _fail(f"--classmate.dispatch group: {obstacle}; use --classmate.dispatch batch (or "
               "auto), or --classmate.placement separate / share without --classmate.enable_sleep")
     agg = cfg.loss_agg_mode or args.actor.loss_agg_mode
     if args.train.dynamic_batch_enable and agg == "seq-mean-token-sum-norm":

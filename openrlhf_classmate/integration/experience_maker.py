@@ -136,11 +136,6 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             self.stage.seed_requests = before or self._seed_requests
         return classmate, before
 
-    def next_batch_is_classmate_step(self) -> bool:
-        """Whether the next rollout batch gets the classmate stage (all do, but under the step-time benchmark's
-        alternation): a generator that dispatches per prompt group asks before it sends anything."""
-        return self.bench_plan(self._batches_made + 1)[0]
-
     def next_batch_dispatches_per_group(self) -> bool:
         """Whether the generator sends the next batch's classmate requests per prompt group (it does so only where
         the run's --classmate.dispatch resolves to group): a classmate step, and not the benchmark's before path
