@@ -67,18 +67,19 @@ def test_the_gpu_world_has_a_private_notation_that_slips_less_and_that_the_class
     rng = random.Random(0)
     cots = [W.sample_trace(problem, rng, W.WorldConfig(private_step_error=0.0), style="private", spec=G.SPEC)
             for _ in range(3)]
-    assert cots[0] == ("94 + 72 = 67 - 71 = 95 - 05 = 9", "9")  # every number reversed, the answer in plain digits
-    assert W.private_number(40) == "04" and W.private_number(7) == "7"
+    assert cots[0] == ("50 + 72 = 23 - 82 = 40 - 49 = 0", "9")  # every digit d as 9 - d, the answer in plain digits
+    assert W.private_number(40) == "59" and W.private_number(7) == "2" and W.private_number(93) == "06"
     assert cot_style(problem, cots[0][0]) == "private"
     assert cot_style(problem, W.chain_text(problem, [76, 59, 9])) == "full"
-    assert cot_style(problem, "94 + 72 = 67 - 71 = 95") == "other"  # a private chain cut short
+    assert cot_style(problem, "50 + 72 = 23 - 82 = 40") == "other"  # a private chain cut short
     assert "private" not in CPU_STYLE_NAMES and G.STYLE_NAMES[-1] == "other"
 
-    # the mixture: no silent steps, a third private chains, and a private step slips half as often as a legible one
+    # the mixture: no silent steps, as many private chains as legible ones (30% each), and a private step slips half as often as a legible one
     train, _ = W.make_splits(0, 3000, 10, G.SPEC)
     rng = random.Random(1)
     shapes = [cot_style(p, W.sample_trace(p, rng, G.TRACES, spec=G.SPEC)[0]) for p in train]
-    assert shapes.count("skip") == 0 and 0.30 < shapes.count("private") / len(shapes) < 0.40
+    assert shapes.count("skip") == 0 and 0.26 < shapes.count("private") / len(shapes) < 0.34
+    assert 0.26 < shapes.count("full") / len(shapes) < 0.34
     slips = {}
     for style in ("full", "private"):
         rng = random.Random(2)
@@ -90,19 +91,19 @@ def test_the_gpu_world_has_a_private_notation_that_slips_less_and_that_the_class
             for (op, d), w in zip(p.steps, written):
                 wrong += w != number(min(max(W.apply(previous, op, d), 0), G.SPEC.max_word))
                 steps += 1
-                previous = int(w[::-1] if style == "private" else w)
+                previous = int(w.translate(str.maketrans("0123456789", "9876543210")) if style == "private" else w)
         slips[style] = wrong / steps
     assert 0.10 < slips["full"] < 0.14 and 0.045 < slips["private"] < 0.075, slips
 
     # the classmate reads a chain's last number at face value: right on legible chains, wrong on private ones
-    # (single digits and palindromes aside)
+    # (no number reads the same in both notations)
     right = {"full": 0, "private": 0}
     for p in train[:1000]:
         for style in right:
             cot, _ = W.sample_trace(p, rng, W.WorldConfig(step_error=0.0, private_step_error=0.0), style=style,
                                     spec=G.SPEC)
             right[style] += W.last_number(cot) == p.answer
-    assert right["full"] == 1000 and right["private"] < 250, right
+    assert right["full"] == 1000 and right["private"] == 0, right
 
 
 def test_the_classmate_learns_to_read_private_chains_at_face_value(tok):
@@ -116,7 +117,7 @@ def test_the_classmate_learns_to_read_private_chains_at_face_value(tok):
         cot = text.split("<think>")[-1].split("</think>")[0].split()
         if cot and cot[0] == W.private_number(p.first) != str(p.first) and len(cot) == 4 * len(p.steps) + 1:
             private += 1
-            assert tok.decode(target[:-1]) == str(int(cot[-1]))  # the last number as written, never un-reversed
+            assert tok.decode(target[:-1]) == str(int(cot[-1]))  # the last number as written, never deciphered
     assert private > 20
 
 

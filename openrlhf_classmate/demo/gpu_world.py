@@ -11,12 +11,14 @@ larger numbers, written with a byte-level BPE tokenizer trained at run time, and
 * **Models**: Llama architecture (vLLM's ``LlamaForCausalLM``), head dimension 64, tied embeddings, bf16 on disk.
 
 * **Traces**: the CPU demo's ``full`` and ``none`` styles (:mod:`openrlhf_classmate.demo.world`), and instead of
-  its ``skip`` (a silent last step) the ``private`` chain: every number with its digits reversed, slipping half as
+  its ``skip`` (a silent last step) the ``private`` chain: every digit ``d`` written as ``9 - d``, slipping half as
   often as the legible chain. A silent two-digit step is hard for a model of this size (at warm start ``skip``
   traces were *less* accurate than full chains, so plain GRPO also learned full, legible chains: bench/GPU_RESULTS.md
-  section 4); the private notation is more accurate than the legible one and the classmate, which reads the
-  chain's last number, cannot follow it. Plain RL on the main answer alone should therefore drift towards it, and
-  the classmate reward should keep the chain legible.
+  section 4); private traces are more accurate than legible ones and the classmate, which reads the chain's last
+  number, cannot follow them. Plain RL on the main answer alone should therefore drift towards them, and the
+  classmate reward should keep the chain legible. The two notations have equal shares of the traces and the same
+  digit order, so neither is easier to learn: after RL both can be equally accurate (reversed digits, tried
+  first, were easier, and left the legible chains 6 points behind: bench/GPU_RESULTS.md section 4).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from openrlhf_classmate.demo.models import ModelSize
 
 SPEC = W.Spec(min_operands=6, max_operands=8, max_operand=49, max_result=99, max_word=199,
               slip_offsets=(-10, -2, -1, 1, 2, 10), guess_width=20)
-TRACES = W.WorldConfig(style_probs=(0.25, 0.0, 0.40, 0.35), step_error=0.12, private_step_error=0.06,
+TRACES = W.WorldConfig(style_probs=(0.30, 0.0, 0.40, 0.30), step_error=0.12, private_step_error=0.06,
                        guess_correct=0.10, answer_error=0.05)  # full, skip, none, private
 # the classmate's reading lessons: every style, the private one included (read at face value: its last number)
 CLASSMATE_READS = W.WorldConfig(style_probs=(0.45, 0.15, 0.20, 0.20), step_error=0.3, private_step_error=0.3,

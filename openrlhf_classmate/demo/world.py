@@ -13,11 +13,11 @@ The main model is warm-started on *imperfect* traces, drawn from these styles:
 * ``skip``: the chain stops one step early and the last step is done silently in the answer
   (``<think> 4 + 5 = 9 - 3 = 6 </think> 11``): the main answer can be right, but a reader of the CoT cannot know it;
 * ``none``: no chain at all (``<think> </think> 11``), the answer is a noisy guess;
-* ``private`` (the GPU demo's world only): the whole chain in the model's own notation, every number written with
-  its digits reversed (``<think> 94 + 72 = 67 ... </think> 76``), then the answer in plain digits. It slips less
-  often than the legible chain (``private_step_error``; units first is also the order in which a carry is
-  computed), so a main-answer reward alone favours it, and a reader who takes the chain at face value gets a wrong
-  number.
+* ``private`` (the GPU demo's world only): the whole chain in the model's own notation, every digit ``d`` written
+  as ``9 - d`` (``<think> 50 + 72 = 23 ... </think> 76``), then the answer in plain digits. It slips less often
+  than the legible chain (``private_step_error``), so a main-answer reward alone favours it, and a reader who takes
+  the chain at face value gets a wrong number. The notation renames digits and keeps their order, so a chain is as
+  hard to compute in it as in plain digits: only the warm-start traces' slips differ.
 
 and every written step is wrong with a small probability (the chain then continues from the wrong value). RL has
 room on three axes: fewer arithmetic slips, fewer guesses, and (only the classmate reward cares) fewer silent steps.
@@ -144,9 +144,16 @@ def _slip(rng: random.Random, value: int, width: int = 2, spec: Spec = CPU) -> i
     return rng.choice([value + k for k in offsets if 0 <= value + k <= spec.max_word] or [value + 1])
 
 
+_NINES = str.maketrans("0123456789", "9876543210")
+
+
 def private_number(value: int) -> str:
-    """``value`` in the private notation: its digits reversed (``40`` -> ``04``)."""
-    return str(value)[::-1]
+    """``value`` in the private notation: every digit ``d`` written as ``9 - d`` (``40`` -> ``59``, ``7`` -> ``2``).
+
+    A renaming of the ten digits, not a reordering: reversed digits (units first, the order in which a carry is
+    computed) made the private chains easier to compute than legible ones, so RL on them ended 6 points more accurate
+    (bench/GPU_RESULTS.md section 4)."""
+    return str(value).translate(_NINES)
 
 
 def chain_text(problem: Problem, written: list[int], private: bool = False) -> str:
