@@ -27,6 +27,8 @@
 #                   --long-context (LONG_ARGS): 1.5B, 2 x 16k tokens, micro-batch 1 (issue 27; trainer wheels only)
 #   worldprobe      the GPU demo's warm start and held-out evaluation only (trainer wheels, no vLLM): CoT styles
 #                   and their accuracies at warm start, in $OUT/world_probe/
+#   genlogprobs     issue 25: generation time of one rollout batch per log-prob request variant on a real vLLM
+#                   engine (bench/vllm_generation_logprobs.py, GEN_ARGS), JSON in $OUT/vllm_generation_logprobs.json
 #   gpudemo         issue 25: python -m openrlhf_classmate.demo --gpu --compare-grpo (DEMO_ARGS), resumable in
 #                   DEMO_OUT (default $WORK/gpu_demo) within what is left of BUDGET_S; send it again until it prints
 #                   "gpudemo: done".
@@ -195,6 +197,11 @@ for step in "${steps[@]}"; do
       cp -r "$probe/stages" "$OUT/world_probe/" 2>/dev/null
       [ -f "$probe/eval_before.jsonl" ] && gzip -c "$probe/eval_before.jsonl" > "$OUT/world_probe/eval_before.jsonl.gz"
       ;;
+    genlogprobs)
+      need_vllm; need_trainer
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 bench/vllm_generation_logprobs.py --out "$OUT/vllm_generation_logprobs.json" \
+        ${GEN_ARGS:-} || status=1 ;;
     gpudemo)
       need_vllm; need_trainer
       demo="${DEMO_OUT:-$WORK/gpu_demo}"
