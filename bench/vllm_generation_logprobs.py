@@ -34,21 +34,15 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
-from bench.vllm_logprobs_overhead import VARIANTS  # noqa: E402
+from bench.vllm_logprobs_overhead import VARIANTS, request_params, sampled_logprobs  # noqa: E402
 
 DEFAULT_VARIANTS = ("upstream", "upstream_is", "mismatch")
 
 
 def sampling_params(name: str, tokens: int):
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    kwargs = dict(VARIANTS[name])
-    if "output_kind" in kwargs:
-        kwargs["output_kind"] = RequestOutputKind[kwargs["output_kind"]]
     # upstream's rollout request (samples_generator): temperature 1, top_p 1, top_k -1, special tokens kept
-    return SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=tokens, ignore_eos=True,
-                          skip_special_tokens=False, **kwargs)
+    return request_params(VARIANTS[name], temperature=1.0, top_p=1.0, top_k=-1, max_tokens=tokens, ignore_eos=True,
+                          skip_special_tokens=False)
 
 
 async def one_request(engine, prompt: list[int], params, request_id: str) -> int:
@@ -58,8 +52,8 @@ async def one_request(engine, prompt: list[int], params, request_id: str) -> int
     async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=request_id):
         final = out
     completion = final.outputs[0]
-    if params.logprobs is not None:  # upstream's executor: the sampled token's log-prob of every position
-        values = [d.get(tok).logprob for tok, d in zip(completion.token_ids, completion.logprobs)]
+    if params.logprobs is not None:  # read as upstream's executor reads it
+        values = sampled_logprobs(completion)
         if len(values) != len(completion.token_ids):
             raise RuntimeError(f"{request_id}: {len(values)} log-probs for {len(completion.token_ids)} tokens")
     return len(completion.token_ids)

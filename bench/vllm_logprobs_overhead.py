@@ -60,19 +60,30 @@ def qwen_sized_tokenizer(path: str) -> str:
     return path
 
 
-def run_variant(tokenizer, kwargs: dict, requests: int, tokens: int, seed: int = 0) -> dict:
-    import numpy as np
+def request_params(kwargs: dict, **base):
+    """``SamplingParams(**base)`` plus a variant's keywords (``VARIANTS``; ``output_kind`` given by name)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
+
+    kwargs = dict(kwargs)
+    if "output_kind" in kwargs:
+        kwargs["output_kind"] = RequestOutputKind[kwargs["output_kind"]]
+    return SamplingParams(**base, **kwargs)
+
+
+def sampled_logprobs(completion) -> list[float]:
+    """What upstream's executor reads from a finished request: the sampled token's log-prob at every position."""
+    return [d.get(tok).logprob for tok, d in zip(completion.token_ids, completion.logprobs)]
+
+
+def run_variant(tokenizer, kwargs: dict, requests: int, tokens: int, seed: int = 0) -> dict:
+    import numpy as np
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.outputs import LogprobsLists
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    kwargs = dict(kwargs)
-    if "output_kind" in kwargs:
-        kwargs["output_kind"] = RequestOutputKind[kwargs["output_kind"]]
-    params = SamplingParams(temperature=1.0, max_tokens=tokens, min_tokens=1, skip_special_tokens=False, **kwargs)
+    params = request_params(kwargs, temperature=1.0, max_tokens=tokens, min_tokens=1, skip_special_tokens=False)
     processor = OutputProcessor(tokenizer, log_stats=False)
     for i in range(requests):
         processor.add_request(EngineCoreRequest(
@@ -116,9 +127,7 @@ def run_variant(tokenizer, kwargs: dict, requests: int, tokens: int, seed: int =
     t4 = time.perf_counter()
     if width is not None:  # upstream's executor: the sampled token's log-prob of every position
         for out in finals.values():
-            completion = out.outputs[0]
-            values = [d.get(tok).logprob for tok, d in zip(completion.token_ids, completion.logprobs)]
-            assert len(values) == tokens
+            assert len(sampled_logprobs(out.outputs[0])) == tokens
     read = time.perf_counter() - t4
     n = requests * tokens
     parts = {"engine_core_s": core, "transport_decode_s": wire, "frontend_s": front, "executor_read_s": read}
