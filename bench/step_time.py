@@ -77,6 +77,10 @@ from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
 # GDPO / GRPO step-time targets: one GPU runs the classmate stage between sleeping engines (issue 26), two GPUs
 # overlap it with the actor/ref forwards (issue 28)
 TARGETS = {1: 1.25, 2: 1.10}
+# issue 26: a call's ratio counts with at least this many steady steps of each kind, and two calls agree when their
+# ratios are at most AGREE apart
+MIN_STEADY = 8
+AGREE = 0.05
 QWEN25_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                   max_position_embeddings=32_768)
@@ -345,6 +349,7 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     if interleave:
         row.update(split_interleaved(tb))
+        row["outside_steps_s"] = time_outside_steps(row["wall_s"], tb)
         return row
     per_step = {tag: {int(s): round(v, 3) for s, v in sorted(tb.get(f"train/{tag}", {}).items())} for _, tag in ROWS}
     per_step.update({tag: {int(s): float(f"{v:.4g}") for s, v in sorted(tb.get(f"train/{tag}", {}).items())}
@@ -357,6 +362,12 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     if classmate is None:  # no classmate stage: make_experience is the actor/ref forwards (+ upstream advantages)
         row["mean"]["classmate/actor_ref_forward_time"] = row["mean"]["timing/make_experience"]
     return row
+
+
+def time_outside_steps(wall_s: float, tb: dict[str, dict[int, float]]) -> float:
+    """Seconds of a run spent outside its logged steps: start-up (Ray, the engines one after the other, CUDA graphs,
+    the models) plus shutdown or the unfinished step a time limit cut; what a device call must leave for them."""
+    return round(wall_s - sum(tb.get("train/timing/step_total", {}).values()), 1)
 
 
 def _guarded_run(name: str, a, policy: str, classmate: str | None, data: str, timeout: int,
@@ -429,17 +440,32 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
                            interleave=True)
     row["call"] = len(calls) + 1
     calls.append(row)
-    ratios = [c["ratio"] for c in calls if c.get("ratio")]
-    result.update(calls=calls, ratios=ratios)
-    if len(ratios) >= 2:
-        result["call_spread"] = round(max(ratios) - min(ratios), 3)
-        result["calls_agree"] = result["call_spread"] <= 0.10  # within +-0.05 of each other
+    result.update(calls=calls, **combine_calls(calls))
     for path in (state_path, out_path):
         with open(path + ".tmp", "w") as f:
             json.dump(result, f, indent=1)
         os.replace(path + ".tmp", path)
     print_interleaved(result)
     sys.exit(0 if row.get("exit") == 0 else 1)
+
+
+def steady_steps(row: dict) -> int:
+    """The steady steps of the kind with fewer of them in one call (the launcher's own path under an alternation)."""
+    return min(len((row.get(kind) or {}).get("steps") or []) for kind in ("gdpo", "grpo"))
+
+
+def combine_calls(calls: list[dict]) -> dict:
+    """The ratio of each call, and the calls that count: those with at least :data:`MIN_STEADY` steady steps of each
+    kind (a call stopped by its limit with fewer is kept in ``all_ratios`` only). Two or more counted calls get
+    their ``call_spread`` (largest minus smallest ratio of medians) and ``calls_agree`` (spread <= :data:`AGREE`)."""
+    counted = [c for c in calls if c.get("ratio") and steady_steps(c) >= MIN_STEADY]
+    out = {"steady_steps": [steady_steps(c) for c in calls], "all_ratios": [c.get("ratio") for c in calls],
+           "ratios": [c["ratio"] for c in counted],
+           "paired_ratios": [(c.get("paired") or {}).get("median") for c in counted]}
+    if len(counted) >= 2:
+        out["call_spread"] = round(max(out["ratios"]) - min(out["ratios"]), 3)
+        out["calls_agree"] = out["call_spread"] <= AGREE
+    return out
 
 
 def print_interleaved(result: dict) -> None:
@@ -472,9 +498,12 @@ def print_interleaved(result: dict) -> None:
 
     def ratio_line(title: str, part: dict) -> None:
         paired = part.get("paired") or {}
+        n = {kind: len(part[kind]["steps"]) for kind in ("gdpo", "grpo")}
+        judged = (verdict(part["ratio"], result["gpus"]) if min(n.values()) >= MIN_STEADY else
+                  f"- {min(n.values())} steady steps of each kind (GDPO {n['gdpo']}, GRPO {n['grpo']}): too few to "
+                  f"count (at least {MIN_STEADY})")
         print(f"{title} = {part['ratio']} (ratio of medians; paired GDPO step / next GRPO step: median "
-              f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) "
-              f"{verdict(part['ratio'], result['gpus'])}")
+              f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) {judged}")
 
     if not alternate:
         ratio_line("GDPO / GRPO", row)
@@ -495,9 +524,11 @@ def print_interleaved(result: dict) -> None:
                     parts.append(f"{kind.upper()} {diff(ba['median_diff'])} (pairs {diff(pairs.get('median'))} "
                                  f"[{diff(pairs.get('min'))}, {diff(pairs.get('max'))}])")
                 print(f"{second} - {first}, {label}: " + ", ".join(parts))
-    if "call_spread" in result:
-        print(f"ratios of the calls so far: {result['ratios']} (spread {result['call_spread']}; "
-              f"{'agree' if result['calls_agree'] else 'DO NOT agree'} within +-0.05)")
+    if len(result.get("calls", [])) >= 2:
+        print(f"ratios of the calls so far: {result['all_ratios']} (steady steps of each kind: "
+              f"{result['steady_steps']}); of the calls with at least {MIN_STEADY}: {result['ratios']}"
+              + (f" (spread {result['call_spread']}; {'agree' if result['calls_agree'] else 'DO NOT agree'} "
+                 f"within {AGREE})" if "call_spread" in result else ""))
 
 
 def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:

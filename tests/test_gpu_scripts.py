@@ -440,3 +440,46 @@ def test_before_dispatch_tiny_interleaved_run_alternates_the_dispatch(tmp_path):
     assert scalars["train/bench/before"] == {s: float((s - 1) // 2 % 2) for s in range(1, 9)}
     assert scalars["train/classmate/dispatched_per_group"] == {1: 1.0, 3: 0.0, 5: 1.0, 7: 0.0}
     assert (row["gdpo"]["steps"], row["before"]["gdpo"]["steps"]) == ([5], [7])
+
+
+def _call(ratio: float, paired: float, steady: int) -> dict:
+    """One interleaved call's row as ``interleaved_call`` keeps it: ``steady`` steady steps of each kind."""
+    return {"run": "interleaved", "exit": 124, "partial": True, "ratio": ratio, "paired": {"median": paired},
+            "gdpo": {"steps": list(range(3, 3 + 2 * steady, 2))}, "grpo": {"steps": list(range(4, 4 + 2 * steady, 2))}}
+
+
+def test_calls_count_only_with_eight_steady_steps_and_agree_within_005():
+    # 2026-11-28, one H100: two 10-minute calls logged 2-3 and 5 steady steps of each kind, ratios 0.993 and 1.063:
+    # neither is a figure (issue 26: at least 8 steady steps each), and 0.07 apart they would not agree either
+    step_time = _bench("step_time")
+    short = step_time.combine_calls([_call(0.993, 1.037, 2), _call(1.063, 1.036, 5)])
+    assert short["steady_steps"] == [2, 5] and short["ratios"] == [] and "calls_agree" not in short
+    assert short["all_ratios"] == [0.993, 1.063]
+    two = step_time.combine_calls([_call(1.10, 1.08, 8), _call(1.06, 1.07, 16), _call(1.30, 1.2, 3)])
+    assert two["ratios"] == [1.10, 1.06] and two["paired_ratios"] == [1.08, 1.07]
+    assert two["call_spread"] == 0.04 and two["calls_agree"] is True
+    apart = step_time.combine_calls([_call(1.10, 1.08, 8), _call(1.04, 1.07, 9)])
+    assert apart["call_spread"] == 0.06 and apart["calls_agree"] is False  # |1.10 - 1.04| > 0.05
+    failed = step_time.combine_calls([{"run": "interleaved", "exit": 1, "log": "x"}, _call(1.1, 1.1, 8)])
+    assert failed["steady_steps"] == [0, 8] and failed["ratios"] == [1.1] and "call_spread" not in failed
+
+
+def test_a_call_with_too_few_steady_steps_is_not_given_a_verdict(capsys):
+    step_time = _bench("step_time")
+    out = step_time.split_interleaved({"train/bench/classmate_step": {s: float(s % 2) for s in range(1, 9)},
+                                       "train/timing/step_total": {s: 20.0 + s % 2 for s in range(1, 9)}})
+    row = {"run": "interleaved", "exit": 0, "call": 1, **out}
+    result = {"gpus": 1, "device": "cpu", "placement": "share", "batch": "b", "calls": [row],
+              **step_time.combine_calls([row])}
+    step_time.print_interleaved(result)
+    text = capsys.readouterr().out
+    assert "3 steady steps of each kind (GDPO 3, GRPO 3): too few to count (at least 8)" in text
+    assert "meets the" not in text and "misses the" not in text
+
+
+def test_the_time_outside_the_steps_is_what_the_plan_must_leave():
+    # call 2 of 2026-11-28: 528 s of wall time, 12 logged steps of ~24 s: ~212 s of start-up and the cut step
+    step_time = _bench("step_time")
+    tb = {"train/timing/step_total": {s: 24.0 for s in range(1, 13)}}
+    assert step_time.time_outside_steps(528.2, tb) == 240.2
+    assert step_time.time_outside_steps(90.0, {}) == 90.0  # no step logged: all of it
