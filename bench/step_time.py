@@ -22,7 +22,8 @@ without the classmate.
 
 Timings come from the launcher's own per-step scalars (tensorboard; the interleaved run reads its step lines): upstream's ``timing/*`` (generation, make_experience,
 ppo_train, broadcast, step_total) and the classmate stage's ``classmate/*`` (stage_time, dispatch_time,
-generation_time, score_time, stage_overlap_time, actor_ref_forward_time). Writes ``step_time_<N>gpu.json`` to
+generation_time, score_time, stage_overlap_time, actor_ref_forward_time) and the actor update's split
+(``actor_timing/fit``: the worker's own fit, ``actor_timing/micro_steps``: its micro-batches' training steps). Writes ``step_time_<N>gpu.json`` to
 ``--out`` and prints the table with the GDPO / GRPO ratio against the 1.25x target.
 
 Train-inference mismatch (issue 25): ``--mismatch on`` (the launcher's default) asks the policy engines for the
@@ -99,6 +100,8 @@ ROWS = [
     ("    on the critical path", "classmate/wait_time"),
     ("  actor/ref forwards", "classmate/actor_ref_forward_time"),
     ("actor update", "timing/ppo_train"),
+    ("  the worker's fit", "actor_timing/fit"),
+    ("    micro-batch training steps", "actor_timing/micro_steps"),
     ("weight sync", "timing/broadcast"),
     ("step total", "timing/step_total"),
 ]
@@ -250,7 +253,7 @@ def launcher_step_scalars(log: str) -> dict[str, dict[int, float]]:
 
 
 # the rows whose per-key minus batched difference an alternating run reports
-BEFORE_AFTER = ["timing/ppo_train", "timing/step_total"]
+BEFORE_AFTER = ["timing/ppo_train", "actor_timing/fit", "actor_timing/micro_steps", "timing/step_total"]
 # the same for --before (a change of the classmate stage: it shows in the experience making and, sent per prompt
 # group, in the generation)
 BEFORE_AFTER_STAGE = ["timing/generation", "timing/make_experience", "timing/step_total"]
@@ -516,7 +519,8 @@ def print_interleaved(result: dict) -> None:
             return "n/a" if x is None else f"{x:+.2f}"
 
         for label, tag in ROWS:
-            if tag in row["before_after"]["gdpo"]:
+            if tag in row["before_after"]["gdpo"] and any(row["before_after"][kind][tag]["batched"] is not None
+                                                          for kind in ("gdpo", "grpo")):
                 parts = []
                 for kind in ("gdpo", "grpo"):
                     ba = row["before_after"][kind][tag]

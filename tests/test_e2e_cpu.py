@@ -58,6 +58,14 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     assert all(v == 0.0 for v in tb["train/classmate/adv_abs_outside_cot"].values())  # classmate_partial
     assert max(tb["train/classmate/adv_abs_on_cot"].values()) > 0
     assert all(v > 0 for v in tb["train/classmate/stage_time"].values())
+    # the actor update split (issue 26): the worker's own fit and its micro-batch training steps, outside upstream's
+    # timing/* (whose sum is timing/step_total)
+    fit, micro = tb["train/actor_timing/fit"], tb["train/actor_timing/micro_steps"]
+    assert set(fit) == set(micro) == {1, 2} and all(0 < micro[s] <= fit[s] <= tb["train/timing/ppo_train"][s]
+                                                    for s in (1, 2))
+    for s in (1, 2):
+        parts = sum(tb[f"train/timing/{k}"][s] for k in ("generation", "make_experience", "ppo_train", "broadcast"))
+        assert abs(tb["train/timing/step_total"][s] - parts) < 1e-3
     # placement separate: each prompt group's classmate requests left as soon as the group was generated
     assert tb["train/classmate/dispatched_per_group"] == {1: 1.0, 2: 1.0}
     # the same metrics through OpenRLHF's wandb logger, offline

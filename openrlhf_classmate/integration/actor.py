@@ -22,6 +22,7 @@ the trainer's own ``ppo_train`` calls (:meth:`ClassmateActorPPOTrainer.ppo_train
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from openrlhf.models import Actor
@@ -123,9 +124,17 @@ def metrics_to_host(metrics: dict, weights: dict) -> None:
             metrics.update(zip(keys, torch.stack([metrics[k].float().mean() for k in keys]).tolist()))
 
 
+# The actor update's split, logged per step: ``fit`` (the worker's whole ``fit``: the micro-batches, their collation,
+# the metric reduction, the replay buffer's clearing and upstream's cache emptying) and ``micro_steps`` (the sum of
+# the micro-batches' training steps: forward, loss, backward, optimizer step, metric read-back); rank 0's. Not under
+# ``timing/``: upstream's controller sums every ``timing/*`` key into ``timing/step_total``.
+ACTOR_TIMING = "actor_timing"
+
+
 class ClassmateActorPPOTrainer(ActorPPOTrainer):
     current_experience = None
     train_steps = 0  # ppo_train calls so far: the global step, for the benchmark's alternating switch
+    micro_step_s = 0.0  # this step's training_step seconds so far
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -146,13 +155,16 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         # restarts at 1 in a resumed run, the global step does not: bench/step_time.py, its only reader, starts fresh.
         self.train_steps += 1
         set_train_step(self.train_steps)
+        self.micro_step_s = 0.0
         status = super().ppo_train(kl_ctl)
+        status[f"{ACTOR_TIMING}/micro_steps"] = self.micro_step_s
         status.update(self.nonfinite.status())  # the controller logs the total and stops on the consecutive count
         if os.environ.get(PER_KEY_SYNCS_ENV) == "alternate":  # which path this step took, for the report's split
             status["bench/per_key_syncs"] = float(per_key_syncs())
         return status
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        start = time.perf_counter()
         self.current_experience = experience
         self.nonfinite.check_experience(experience)
         try:
@@ -161,6 +173,8 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
             self.current_experience = None
         if not per_key_syncs():
             metrics_to_host(status["metrics"], status["weights"])
+        # wall time up to the metrics' read-back, which waits for the micro-batch's GPU work
+        self.micro_step_s += time.perf_counter() - start
         return status
 
 
@@ -174,6 +188,12 @@ class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
         if not isinstance(self.trainer, ClassmateActorPPOTrainer):
             raise RuntimeError("upstream no longer builds ActorPPOTrainer through the module global we rebind")
         _check_built(self.actor, chunked, "policy")
+
+    def fit(self, kl_ctl: float = 0):
+        start = time.perf_counter()
+        status = super().fit(kl_ctl)  # ends with a device synchronize
+        status[f"{ACTOR_TIMING}/fit"] = time.perf_counter() - start
+        return status
 
     def hf_engine_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full policy weights on rank 0 (gathered under ZeRO-3; every rank must call this), None elsewhere; with
