@@ -4,8 +4,9 @@ Upstream's ``ppo_train`` turns every tensor metric of a micro-batch into a float
 ``DeepspeedStrategy.all_reduce`` reduces a dict one key at a time (a host-to-device copy, a collective and a
 device-to-host copy each); a GDPO micro-batch carries about 60 metrics. Our strategy reduces a flat dict in one
 collective and our trainer reads the metrics back in one transfer, with the values upstream's per-key path gives;
-``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` restores upstream's path (the benchmark's control). The non-finite
-guard reads nothing back per micro-batch."""
+``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` restores upstream's path (the benchmark's control). Each per-sample
+``info`` metric goes to the device as one tensor, not one 0-dim tensor per sample. The non-finite guard reads nothing
+back per micro-batch."""
 
 import math
 from types import SimpleNamespace
@@ -69,10 +70,11 @@ def policy(tmp_path_factory):
 
 def _counted_fit(actor, monkeypatch) -> tuple[dict, dict[str, int]]:
     """One ``fit`` of the GDPO-like batch (2 micro-batches, same shuffle) with its ``dist.all_reduce``,
-    ``Tensor.item`` and ``Tensor.tolist`` calls counted."""
+    ``Tensor.item`` and ``Tensor.tolist`` calls and the tensors ``Experience.to_device`` copies counted."""
+    import openrlhf.trainer.ppo_utils.experience as experience_module
     import torch.distributed as dist
 
-    counts = dict.fromkeys(("all_reduce", "item", "tolist"), 0)
+    counts = dict.fromkeys(("all_reduce", "item", "tolist", "to_device_copies"), 0)
     actor.append(_gdpo_like_batch())
     torch.manual_seed(0)  # the dataloader's shuffle
     with monkeypatch.context() as m:
@@ -82,7 +84,17 @@ def _counted_fit(actor, monkeypatch) -> tuple[dict, dict[str, int]]:
                 return _real(*args, **kwargs)
 
             m.setattr(owner, name, counted)
+
+        def counted_to(value, device, _real=experience_module.to):  # Experience.to_device's per-value helper
+            counts["to_device_copies"] += isinstance(value, torch.Tensor)
+            return _real(value, device)
+
+        m.setattr(experience_module, "to", counted_to)
         status = actor.fit(kl_ctl=0.0)
+    # wall times (actor_timing/*) differ between any two fits: checked here, compared nowhere
+    timings = {k: status.pop(k) for k in [k for k in status if k.startswith("actor_timing/")]}
+    assert sorted(timings) == ["actor_timing/fit", "actor_timing/micro_steps"]
+    assert 0 < timings["actor_timing/micro_steps"] <= timings["actor_timing/fit"]
     return status, counts
 
 
@@ -106,6 +118,13 @@ def test_the_update_reads_metrics_back_once_per_micro_batch_with_upstreams_statu
     assert upstream_counts["all_reduce"] - our_counts["all_reduce"] == micro_batches * (k + 2 - 1)
     assert upstream_counts["item"] - our_counts["item"] == micro_batches * (k + k + 2)
     assert our_counts["tolist"] - upstream_counts["tolist"] == micro_batches * 2  # the metrics; the reduced dict
+    # the collated info: upstream moves a per-sample metric to the device one sample at a time (its collate leaves a
+    # list of 0-dim tensors) and reads each back (torch.tensor of the list); ours stacks it on the host first
+    per_sample = len([v for v in _gdpo_like_batch().info.values() if isinstance(v, torch.Tensor)])
+    samples_per_micro_batch = 2
+    assert per_sample > 25
+    assert (upstream_counts["to_device_copies"] - our_counts["to_device_copies"]
+            == micro_batches * per_sample * (samples_per_micro_batch - 1))
 
 
 def test_alternate_switches_the_actor_update_every_second_pair_of_steps(monkeypatch):
@@ -140,7 +159,8 @@ def test_alternate_switches_the_actor_update_every_second_pair_of_steps(monkeypa
     statuses = run("alternate")
     assert seen == [False, False, True, True, False, False, True, True]
     assert [s["bench/per_key_syncs"] for s in statuses] == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
-    assert statuses[2] == {"policy_loss": 0.5, "nonfinite_skipped": 0.0, "bench/per_key_syncs": 1.0}
+    assert statuses[2] == {"policy_loss": 0.5, "nonfinite_skipped": 0.0, "bench/per_key_syncs": 1.0,
+                           "actor_timing/micro_steps": 0.0}  # no training_step in this stand-in
     assert strategy.per_key_syncs()  # between steps: the last step's answer (step 8)
     # "1": every step; unset: none; neither adds the flag to the status
     assert all("bench/per_key_syncs" not in s for s in run("1")) and seen == [True] * 8

@@ -14,9 +14,12 @@ non-finite rewards, advantages, losses and gradients away from the optimizer.
 Upstream's ``ppo_train`` reads each tensor metric of a micro-batch back with ``value.float().mean().item()``, one
 host sync per metric (~60 for GDPO). ``training_step`` hands it those means as python floats read in one transfer
 (:func:`metrics_to_host`), so upstream takes its ``value * scale`` branch with the same numbers; our strategy then
-reduces the dict in one collective (``integration/strategy.py``). ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1``
-(the benchmark's switch) leaves the tensors to upstream; ``=alternate`` does so on steps 3-4, 7-8, ... only, counted by
-the trainer's own ``ppo_train`` calls (:meth:`ClassmateActorPPOTrainer.ppo_train`).
+reduces the dict in one collective (``integration/strategy.py``). Upstream's collate also leaves each per-sample
+``info`` metric as a list of 0-dim tensors, which ``to_device`` copies to the device one sample at a time and
+``training_step`` reads back one element at a time; ours stacks each into one tensor first (:func:`stack_info`).
+``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` (the benchmark's switch) leaves the tensors and the lists to upstream;
+``=alternate`` does so on steps 3-4, 7-8, ... only, counted by the trainer's own ``ppo_train`` calls
+(:meth:`ClassmateActorPPOTrainer.ppo_train`).
 """
 
 from __future__ import annotations
@@ -131,6 +134,31 @@ def metrics_to_host(metrics: dict, weights: dict) -> None:
 ACTOR_TIMING = "actor_timing"
 
 
+def stack_info(info: dict) -> dict:
+    """``info`` with each list of 0-dim tensors (what upstream's collate makes of a per-sample metric) stacked into
+    one tensor: ``to_device`` then copies it to the device once, not once per sample, and ``training_step`` takes it
+    as a per-sample metric (weight ``sample``, as the list) without reading each element back to the host. Values
+    equal: the mean of the same float32 numbers."""
+    out = dict(info)
+    for key, value in info.items():
+        if (isinstance(value, list) and value and all(isinstance(t, torch.Tensor) and t.dim() == 0 for t in value)
+                and len({t.dtype for t in value}) == 1 and len({t.device for t in value}) == 1):
+            out[key] = torch.stack(value)
+    return out
+
+
+def stacked_info_collate(collate):
+    """Upstream's replay-buffer collate, then :func:`stack_info` (upstream's element-wise path under the benchmark's
+    per-key switch, whose "before" it is)."""
+    def collate_fn(batch):
+        experience = collate(batch)
+        if not per_key_syncs():
+            experience.info = stack_info(experience.info)
+        return experience
+
+    return collate_fn
+
+
 class ClassmateActorPPOTrainer(ActorPPOTrainer):
     current_experience = None
     train_steps = 0  # ppo_train calls so far: the global step, for the benchmark's alternating switch
@@ -148,6 +176,8 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         # backward / optimizer_step consult the guard of the model they are given)
         self.nonfinite = NonfiniteGuard(self.actor.model, cfg.stop_after_nonfinite_skips)
         self.actor.nonfinite_guard = self.nonfinite
+        # this buffer only: upstream's ppo_train hands the DataLoader replay_buffer.collate_fn
+        self.replay_buffer.collate_fn = stacked_info_collate(self.replay_buffer.collate_fn)
 
     def ppo_train(self, kl_ctl: float):
         # One call per global step: upstream's train_step (sync and async trainers) -> PolicyModelActor.fit -> here,
