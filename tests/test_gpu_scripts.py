@@ -483,3 +483,26 @@ def test_the_time_outside_the_steps_is_what_the_plan_must_leave():
     tb = {"train/timing/step_total": {s: 24.0 for s in range(1, 13)}}
     assert step_time.time_outside_steps(528.2, tb) == 240.2
     assert step_time.time_outside_steps(90.0, {}) == 90.0  # no step logged: all of it
+
+
+def test_the_log_prob_benchmarks_time_the_launchers_own_request(monkeypatch):
+    # bench/vllm_logprobs_overhead.py and bench/vllm_generation_logprobs.py name the launcher's request by hand
+    # (VARIANTS["mismatch"]); a change of the request in integration/mismatch.py must show here, not go unmeasured
+    import vllm
+
+    from openrlhf_classmate.integration import mismatch
+
+    seen = {}
+
+    class Capture:  # stands in for SamplingParams: the keywords the launcher's builder sends
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(vllm, "SamplingParams", Capture)
+    args = SimpleNamespace(train=SimpleNamespace(agent_func_path=None), engine=SimpleNamespace(backend="vllm"))
+    mismatch.rollout_sampling_params(args)(temperature=1.0, top_p=1.0, logprobs=1)  # upstream's, IS correction on
+    sent = {k: v for k, v in seen.items() if k not in ("temperature", "top_p")}
+    sent["output_kind"] = sent["output_kind"].name
+    variants = _bench("vllm_logprobs_overhead").VARIANTS
+    assert variants["mismatch"] == sent
+    assert variants["mismatch_noflat"] == {k: v for k, v in sent.items() if k != "flat_logprobs"}
