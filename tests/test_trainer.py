@@ -244,3 +244,55 @@ def test_each_step_reports_the_mismatch_and_warns_once_above_the_threshold(monke
     status, step = trainer.train_step([], 2)  # rollouts without log-probs: no metric, said once
     assert not [k for k in status if k.startswith("mismatch/")]
     assert lines[-1].startswith("step 3: no mismatch/* metrics")
+
+
+def test_a_run_whose_classmate_scores_are_all_invalid_stops_like_one_without_main_scores(monkeypatch):
+    """A classmate run whose every classmate answer is scored invalid (judge down, a broken reward function) trains
+    plain GRPO with the classmate stream masked out; it stops after --classmate.stop_after_invalid_steps such
+    steps, as a run without valid main scores does, unless a classmate score was valid before. Steps whose classmate
+    requests were all skipped (no CoT, over the context) score nothing and do not count. Seen in a CPU demo run:
+    256/256 classmate scores invalid at each of its 40 steps, a warning per step, and a summary as if it trained."""
+    import pytest
+    import torch
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+
+    from openrlhf_classmate.errors import TrainingStopped
+    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.scoring.result import ScoreResult
+
+    label = '{"data_source": "arithmetic", "ground_truth": "2"}'
+    samples = [SimpleNamespace(labels=[label], info={"main_valid": torch.tensor([1.0])}) for _ in range(2)]
+    broken = ([ScoreResult.invalid("judge: HTTP 503")] * 2, [False, False])
+    skipped = ([], [False, False])
+    scored = ([ScoreResult(1.0), ScoreResult.invalid("judge: HTTP 503")], [True, False])
+    plan = []
+
+    def fake_step(self, rollout_samples, global_step):
+        self.classmate_stage.last_scores = plan.pop(0)
+        return {"reward": 1.0}, global_step + 1
+
+    def trainer_with(limit: int):
+        trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+        trainer.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
+                                   "--classmate.model_name_or_path", "c", "--rollout.n_samples_per_prompt", "2", "--vllm.num_engines", "1",
+                                   "--classmate.stop_after_invalid_steps", str(limit)])
+        trainer.classmate_stage, trainer.judge_client = SimpleNamespace(last_scores=([], [])), None
+        return trainer
+
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", fake_step)
+    trainer = trainer_with(3)
+    plan[:] = [broken, skipped, broken, skipped]
+    for step in range(4):
+        assert trainer.train_step(samples, step)[1] == step + 1  # trained: the main stream is fine
+    plan[:] = [broken]
+    with pytest.raises(TrainingStopped) as stopped:
+        trainer.train_step(samples, 4)
+    assert str(stopped.value) == (
+        "error: the classmate scores of each of the first 3 steps with classmate answers were all invalid (2 in the "
+        "last; first: judge: HTTP 503): no score has been valid yet; stopping (--classmate.stop_after_invalid_steps)")
+    # a valid classmate score earlier: later all-invalid steps only warn; 0 never stops
+    for limit, first in ((1, scored), (0, broken)):
+        trainer = trainer_with(limit)
+        plan[:] = [first] + [broken] * 4
+        for step in range(5):
+            trainer.train_step(samples, step)

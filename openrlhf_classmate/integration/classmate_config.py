@@ -240,7 +240,9 @@ class ClassmateConfig:
                           "with a warning; if the first N steps of a run are all skipped, the run stops with an "
                           "error (0 = never stop). With --algo.dynamic_filtering_enable, every --rollout.batch_size "
                           "prompt groups dropped for having no valid score count as one such step. Applies with or "
-                          "without a classmate", "range": Bound(lo=0)},
+                          "without a classmate. The classmate stream likewise: a run whose first N steps with "
+                          "classmate answers scored every one of them invalid stops (steps whose classmate requests "
+                          "were all skipped do not count)", "range": Bound(lo=0)},
     )
     stop_after_nonfinite_skips: int = field(
         default=5,

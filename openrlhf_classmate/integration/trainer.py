@@ -115,11 +115,34 @@ class ClassmateControllerMixin(BasePPOTrainer):
             logger.warning(f"step {global_step + 1} skipped: {e} (nothing trained, weights unchanged)")
             return {**health, "skipped_invalid_step": 1.0}, global_step + 1
         self.valid_steps = getattr(self, "valid_steps", 0) + 1
+        self._stop_on_invalid_classmate_scores()
         self._stop_on_nonfinite_skips(status)
         status["skipped_invalid_step"] = 0.0
         status.update(self._judge_health(main, next_step))
         status.update(self._mismatch(next_step))
         return status, next_step
+
+    def _stop_on_invalid_classmate_scores(self) -> None:
+        """The classmate stream's counterpart of the skipped all-invalid steps: a step whose classmate answers were
+        all scored invalid trains on the main stream alone, and a run whose first ``--classmate.stop_after_invalid_
+        steps`` steps with classmate answers were all such steps stops (a classmate run without a classmate signal
+        is not what was asked for). Steps whose requests were all skipped scored nothing and do not count."""
+        from openrlhf_classmate.integration.step_health import no_valid_score_yet
+
+        stage, limit = getattr(self, "classmate_stage", None), self.args.classmate.stop_after_invalid_steps
+        results = stage.last_scores[0] if stage is not None else []
+        if not results or getattr(self, "classmate_valid_steps", 0):
+            return
+        if any(r.valid for r in results):
+            self.classmate_valid_steps = 1
+            return
+        self.classmate_invalid_steps = getattr(self, "classmate_invalid_steps", 0) + 1
+        if limit and self.classmate_invalid_steps >= limit:
+            first = next((r.reason for r in results if r.reason), None)
+            raise TrainingStopped(no_valid_score_yet(
+                f"the classmate scores of each of the first {self.classmate_invalid_steps} steps with classmate "
+                f"answers were all invalid ({len(results)} in the last" + (f"; first: {first})" if first else ")"),
+                reason_known=bool(first)))
 
     def _stop_on_nonfinite_skips(self, status: dict) -> None:
         """The policy actors skip updates with non-finite values (``integration/nonfinite.py``) and report how many
