@@ -57,6 +57,32 @@ def test_without_classmate_it_is_upstream_plus_the_registry_reward():
     assert args.reward.remote_url == ["http://a:1/score", "http://b:2/score"]
 
 
+def test_our_reward_function_named_by_another_path_is_still_ours(tmp_path, monkeypatch):
+    """``--reward.remote_url`` naming openrlhf_classmate/reward_func.py by a relative path, a symlink or a second
+    checkout's copy is our scorer-registry reward: without this the launcher took it for a user's function, whose
+    classmate answers then reach it without the split answers (every classmate score invalid, seen in a demo run
+    from a second checkout) and whose main answers get upstream's executor."""
+    from openrlhf_classmate.integration.classmate_config import is_registry_reward_func, registry_reward_in_use
+
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(REWARD_FUNC_PATH)))
+    link = tmp_path / "link.py"
+    link.symlink_to(REWARD_FUNC_PATH)
+    copy = tmp_path / "checkout2" / "openrlhf_classmate" / "reward_func.py"
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(open(REWARD_FUNC_PATH, "rb").read())
+    for url in ("openrlhf_classmate/reward_func.py", str(link), str(copy)):
+        args = parse_args(BASE + ["--reward.remote_url", url])
+        assert args.reward.remote_url == [REWARD_FUNC_PATH] and registry_reward_in_use(args), url
+        assert is_registry_reward_func(url)
+    # another function of that name, and URLs, stay the user's
+    other = tmp_path / "mine" / "reward_func.py"
+    other.parent.mkdir()
+    other.write_text("def reward_func(queries, prompts, labels):\n    return {'rewards': 0.0}\n")
+    args = parse_args(BASE + ["--reward.remote_url", f"{other},http://a:1/score"])
+    assert args.reward.remote_url == [str(other), "http://a:1/score"] and not registry_reward_in_use(args)
+    assert not is_registry_reward_func("http://a:1/score") and not is_registry_reward_func(str(tmp_path / "none.py"))
+
+
 def test_classmate_defaults_and_derived_values():
     args = parse_args(BASE + CLASSMATE + ["--data.max_len", "1024", "--classmate.max_new_tokens", "256"])
     cfg = args.classmate

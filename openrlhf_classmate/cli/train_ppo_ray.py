@@ -17,8 +17,8 @@ import openrlhf_classmate  # noqa: F401  (CPU shims first)
 from openrlhf_classmate.integration import mismatch, patches
 from openrlhf_classmate.integration.args import ConfigError, parse_args
 from openrlhf_classmate.integration.classmate_config import (
-    REWARD_FUNC_PATH,
     classmate_enabled,
+    is_registry_reward_func,
     registry_reward_in_use,
 )
 
@@ -141,7 +141,8 @@ class EngineFactory:
         # the placement group below can be read and replaced by name
         bound = inspect.signature(create_hf_engines).bind(*args, **kwargs).arguments
         urls = bound.get("remote_rm_url") or []
-        if REWARD_FUNC_PATH in ([urls] if isinstance(urls, str) else urls) and not bound.get("agent_func_path"):
+        if (any(is_registry_reward_func(u) for u in ([urls] if isinstance(urls, str) else urls))
+                and not bound.get("agent_func_path")):
             # the registry reward scores the answer split on token ids, not upstream's decoded query text
             # (a user's --train.agent_func_path is never replaced: upstream then ignores the reward url)
             bound["agent_func_path"] = POLICY_EXECUTOR_PATH

@@ -62,6 +62,7 @@ from openrlhf_classmate.integration.chunked_actor import add_logprobs_arguments,
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,
+    is_registry_reward_func,
     log_resolved,
     resolve_classmate_args,
     validate_classmate_args,
@@ -339,6 +340,16 @@ def _config_path(argv: Sequence[str]) -> str | None:
 def _resolve_upstream_defaults(flat: argparse.Namespace, argv: Sequence[str]) -> None:
     """The two upstream flags whose default we change, set before upstream's post-processing reads them; each change
     is logged."""
+    urls = getattr(flat, "reward.remote_url")
+    if isinstance(urls, str) and urls:
+        # our reward function named by another path (relative, a symlink, a second checkout's copy): the launcher's
+        # own path, which every later check compares against
+        named = [u.strip() for u in urls.split(",")]
+        resolved = [REWARD_FUNC_PATH if is_registry_reward_func(u) else u for u in named]
+        if resolved != named:
+            setattr(flat, "reward.remote_url", ",".join(resolved))
+            log_resolved(f"--reward.remote_url {','.join(resolved)} (the scorer-registry reward function, given as "
+                         f"{urls})")
     if not any(getattr(flat, key) for key in ("reward.remote_url", "reward.model_name_or_path", "train.agent_func_path")):
         # no reward model or function given: score answers with the scorer registry (the label's data_source)
         setattr(flat, "reward.remote_url", REWARD_FUNC_PATH)

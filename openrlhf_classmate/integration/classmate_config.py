@@ -13,6 +13,7 @@ then :func:`validate_classmate_args` only checks.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -339,10 +340,23 @@ class EngineConfig:
 def add_classmate_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_group(parser, "classmate", ClassmateConfig)
     add_dataclass_group(parser, "engine", EngineConfig)
+@functools.lru_cache(maxsize=64)
+def is_registry_reward_func(url: str) -> bool:
+    """Whether ``url`` names our scorer-registry reward function: ``REWARD_FUNC_PATH`` by any path (relative, through a
+    symlink), or a byte-identical copy of it (a second checkout, whose path a Ray worker importing the first one's
+    package would not recognise)."""
+    if not os.path.isfile(url):
+        return False
+    if os.path.realpath(url) == os.path.realpath(REWARD_FUNC_PATH):
+        return True
+    with open(url, "rb") as mine, open(REWARD_FUNC_PATH, "rb") as ours:
+        return mine.read() == ours.read()
+
+
 def registry_reward_in_use(args: SimpleNamespace) -> bool:
     """True when the main reward is our scorer-registry reward function (the launcher's default)."""
     urls = getattr(args.reward, "remote_url", None) or []
-    return REWARD_FUNC_PATH in urls
+    return any(is_registry_reward_func(url) for url in ([urls] if isinstance(urls, str) else urls))
 
 
 def classmate_enabled(args: SimpleNamespace) -> bool:
