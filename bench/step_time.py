@@ -501,10 +501,10 @@ def print_interleaved(result: dict) -> None:
 
     def ratio_line(title: str, part: dict) -> None:
         paired = part.get("paired") or {}
-        n = {kind: len(part[kind]["steps"]) for kind in ("gdpo", "grpo")}
-        judged = (verdict(part["ratio"], result["gpus"]) if min(n.values()) >= MIN_STEADY else
-                  f"- {min(n.values())} steady steps of each kind (GDPO {n['gdpo']}, GRPO {n['grpo']}): too few to "
-                  f"count (at least {MIN_STEADY})")
+        least = steady_steps(part)
+        judged = (verdict(part["ratio"], result["gpus"]) if least >= MIN_STEADY else
+                  f"- {least} steady steps of each kind (GDPO {len(part['gdpo']['steps'])}, GRPO "
+                  f"{len(part['grpo']['steps'])}): too few to count (at least {MIN_STEADY})")
         print(f"{title} = {part['ratio']} (ratio of medians; paired GDPO step / next GRPO step: median "
               f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) {judged}")
 

@@ -340,6 +340,8 @@ class EngineConfig:
 def add_classmate_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_group(parser, "classmate", ClassmateConfig)
     add_dataclass_group(parser, "engine", EngineConfig)
+
+
 @functools.lru_cache(maxsize=64)
 def is_registry_reward_func(url: str) -> bool:
     """Whether ``url`` names our scorer-registry reward function: ``REWARD_FUNC_PATH`` by any path (relative, through a

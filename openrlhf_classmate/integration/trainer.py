@@ -131,10 +131,10 @@ class ClassmateControllerMixin(BasePPOTrainer):
 
         stage, limit = getattr(self, "classmate_stage", None), self.args.classmate.stop_after_invalid_steps
         results = stage.last_scores[0] if stage is not None else []
-        if not results or getattr(self, "classmate_valid_steps", 0):
+        if not results or getattr(self, "classmate_scored_valid", False):
             return
         if any(r.valid for r in results):
-            self.classmate_valid_steps = 1
+            self.classmate_scored_valid = True  # from now on an all-invalid step only warns
             return
         self.classmate_invalid_steps = getattr(self, "classmate_invalid_steps", 0) + 1
         if limit and self.classmate_invalid_steps >= limit:
