@@ -428,12 +428,15 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
     that the ratio's spread between calls is reported next to each call's figure."""
     name = f"step_time_{a.gpus}gpu_interleaved_{result['placement']}{variant(a)}"
     state_path, out_path = os.path.join(a.work, name + ".json"), os.path.join(a.out, name + ".json")
-    calls = []
-    if os.path.isfile(state_path) and not a.fresh:
-        previous = json.load(open(state_path))
-        if all(previous.get(k) == result[k]
-               for k in ("device", "batch", "models", "gpus", "engine", "placement", "mismatch", "is_correction")):
-            calls = previous.get("calls", [])
+    state = json.load(open(state_path)) if os.path.isfile(state_path) and not a.fresh else None
+    previous = None
+    if a.previous:
+        try:
+            previous = json.load(open(a.previous))
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: --previous {a.previous}: not a step-time JSON ({e})")
+        result["previous"] = a.previous
+    calls = earlier_calls(result, state, previous, a.previous or "")
     left = a.budget_s - (time.time() - start)
     if left < a.run_estimate_s:
         row = {"run": "interleaved", "exit": None,
@@ -450,6 +453,29 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
         os.replace(path + ".tmp", path)
     print_interleaved(result)
     sys.exit(0 if row.get("exit") == 0 else 1)
+
+
+# the settings two interleaved calls must share to be counted together (a ratio of another card, batch, layout or
+# request path is another figure)
+CALL_SETTINGS = ("device", "batch", "models", "gpus", "engine", "placement", "mismatch", "is_correction",
+                 "per_key_syncs", "before", "dispatch", "seed_requests")
+
+
+def earlier_calls(result: dict, state: dict | None, previous: dict | None, previous_name: str = "") -> list[dict]:
+    """The calls this one is counted with: those kept on this (warm) machine with the same settings (``state``), and
+    those of an earlier machine's JSON (``--previous``, e.g. a committed ``bench/gpu_results`` file), so that the two
+    calls the agreement rule needs may come from two device sessions. A ``previous`` of other settings is refused
+    before any run; the machine's own calls already holding ``previous``'s are not counted twice."""
+    calls = state.get("calls", []) if state and all(state.get(k) == result[k] for k in CALL_SETTINGS) else []
+    if previous is None:
+        return calls
+    differ = [k for k in CALL_SETTINGS if previous.get(k) != result[k]]
+    if differ:
+        detail = ", ".join(f"{k} {previous.get(k)!r} there, {result[k]!r} here" for k in differ)
+        sys.exit(f"error: --previous {previous_name}: other settings ({detail}); its calls are another figure "
+                 "(same card kind, batch, placement and request path, or leave --previous out)")
+    before = previous.get("calls", [])
+    return calls if calls[:len(before)] == before else before + calls
 
 
 def steady_steps(row: dict) -> int:
@@ -568,6 +594,10 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-estimate-s", type=float, default=270, help="expected wall time of one run (budget)")
     p.add_argument("--prepare-only", action="store_true", help="build the models and data, run nothing")
     p.add_argument("--fresh", action="store_true", help="measure again runs an earlier call already measured")
+    p.add_argument("--previous", default=None, metavar="JSON",
+                   help="with --interleave: an earlier machine's step-time JSON (e.g. a committed bench/gpu_results "
+                        "file) whose calls count with this one: the spread between calls across device sessions; "
+                        "refused before the run when its settings differ")
     p.add_argument("--interleave", action="store_true",
                    help="one launcher run whose steps alternate GDPO (odd) and plain GRPO (even): both kinds timed in "
                         "one process, same engines and drift (--steps counts both kinds; the first of each is warm-up)")
@@ -595,6 +625,10 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
                 "(colocate) the requests always go out after the batch")
     if a.before == "seeds" and a.seed_requests:
         p.error("--before seeds alternates the request seeds itself: drop --seed-requests")
+    if a.previous and not a.interleave:
+        p.error("--previous needs --interleave: it counts earlier interleaved calls with this one")
+    if a.previous and not os.path.isfile(a.previous):
+        p.error(f"--previous {a.previous}: no such file")
     if a.per_key_syncs == "alternate" and not a.interleave:
         p.error("--per-key-syncs alternate needs --interleave: it compares the steps of one run (use --per-key-syncs "
                 "for a separate run with upstream's path on every step)")

@@ -3,6 +3,7 @@ device call never fails on a flag that CPU parsing would already refuse. The run
 ``bench/gpu_validate.py --engine hf`` and ``bench/step_time.py --tiny --engine hf`` (see bench/GPU_RESULTS.md)."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -506,3 +507,60 @@ def test_the_log_prob_benchmarks_time_the_launchers_own_request(monkeypatch):
     variants = _bench("vllm_logprobs_overhead").VARIANTS
     assert variants["mismatch"] == sent
     assert variants["mismatch_noflat"] == {k: v for k, v in sent.items() if k != "flat_logprobs"}
+
+
+def test_calls_of_an_earlier_machine_count_with_this_one():
+    # one device session holds one 28-step call (~17 min of a 30-minute budget), so the second call of the +-0.05
+    # rule runs on the next session's fresh machine: --previous names the committed JSON of the first
+    step_time = _bench("step_time")
+    path = os.path.join(REPO, "bench", "gpu_results", "wave7", "step_time_1gpu_interleaved_share.json")
+    first = json.load(open(path))
+    assert first["ratios"] == [1.053] and first["steady_steps"] == [13]  # 2026-11-28, one H100, 28 steps
+    here = {k: first[k] for k in step_time.CALL_SETTINGS}
+    calls = step_time.earlier_calls(here, None, first, path)
+    assert calls == first["calls"]
+    second = _call(1.071, 1.05, 13)
+    combined = step_time.combine_calls(calls + [second])
+    assert combined["ratios"] == [1.053, 1.071] and combined["call_spread"] == 0.018 and combined["calls_agree"]
+    # a second call on the same warm machine: its state already holds the first machine's call, counted once
+    state = {**here, "calls": calls + [second]}
+    assert step_time.earlier_calls(here, state, first, path) == calls + [second]
+    # the machine's own calls without the earlier one (a state from before --previous): both, the earlier first
+    assert step_time.earlier_calls(here, {**here, "calls": [second]}, first, path) == calls + [second]
+
+
+def test_an_earlier_call_of_other_settings_is_refused_before_the_run():
+    step_time = _bench("step_time")
+    path = os.path.join(REPO, "bench", "gpu_results", "wave7", "step_time_1gpu_interleaved_share.json")
+    first = json.load(open(path))
+    here = {**{k: first[k] for k in step_time.CALL_SETTINGS}, "device": "1 x NVIDIA H200", "placement": "colocate"}
+    with pytest.raises(SystemExit, match=r"other settings \(device '1 x NVIDIA H100 80GB HBM3' there, "
+                                         r"'1 x NVIDIA H200' here, placement 'share' there, 'colocate' here\)"):
+        step_time.earlier_calls(here, None, first, path)
+    # a machine's own state of other settings is simply not counted (as before)
+    assert step_time.earlier_calls(here, {**first}, None) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--previous", "bench/gpu_results/wave7/step_time_1gpu_interleaved_share.json"], "--previous needs --interleave"),
+    (["--interleave", "--previous", "no/such.json"], "--previous no/such.json: no such file"),
+])
+def test_previous_misuse_is_refused(capsys, argv, message):
+    step_time = _bench("step_time")
+    with pytest.raises(SystemExit):
+        step_time.parse_cli(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_script_refuses_an_earlier_call_of_another_card_before_the_launcher(tmp_path):
+    # the real script on CPU: tiny models are built (seconds), then the H100 JSON is refused in one line, no run
+    res = subprocess.run([sys.executable, "bench/step_time.py", "--tiny", "--engine", "hf", "--interleave", "--previous",
+                          "bench/gpu_results/wave7/step_time_1gpu_interleaved_share.json", "--placement", "share",
+                          "--models", str(tmp_path / "models"), "--work", str(tmp_path / "work"), "--out",
+                          str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 1, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --previous bench/gpu_results/wave7/step_time_1gpu_interleaved_share.json: other "
+                           "settings (device '1 x NVIDIA H100 80GB HBM3' there, 'cpu' here, models"), last
+    assert not (tmp_path / "work" / "interleaved_1gpu").exists()  # no launcher run was started

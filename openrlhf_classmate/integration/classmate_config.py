@@ -322,10 +322,10 @@ class EngineConfig:
                           "actor's). On, each rollout request asks the engine for the sampled token's log-prob only, "
                           "with one final output per request and (without --train.agent_func_path) no detokenised "
                           "text; off, upstream's request is sent unchanged. Cost: vLLM's per-token log-prob path in "
-                          "Python, about 2 s per rollout batch of 256 requests of a 0.5B policy on one H100 "
-                          "(generation 2.1 s -> 3.9 s at 256 new tokens, 5.5 s -> 7.7 s at 512; upstream's "
-                          "--algo.advantage.is_correction_level request: 5.4 s, 12.1 s); it weighs less as the model "
-                          "grows (README, 'Train-inference mismatch')"},
+                          "Python, 2-3 s per rollout batch of 256 requests of a 0.5B policy on one H100 "
+                          "(generation +2.1 s and +2.7 s at 512 new tokens in two calls, +1.8 s at 256; upstream's "
+                          "--algo.advantage.is_correction_level request: +5.9 s and +6.6 s at 512); it weighs less as "
+                          "the model grows (README, 'Train-inference mismatch')"},
     )
     mismatch_warn_threshold: float = field(
         default=0.1,
