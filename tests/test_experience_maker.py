@@ -848,3 +848,68 @@ def test_the_bench_before_switch_takes_the_old_path_on_steps_3_4_7_8(world, fake
     monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "prefix")
     with pytest.raises(ValueError, match="OPENRLHF_CLASSMATE_BENCH_BEFORE=prefix: one of dispatch, seeds"):
         _maker(_args(world), world.tok, fake_ray)
+
+
+def _nan_rollout(tok, bad: dict[int, float]):
+    """The rollout as a user's reward function scores it: no ``main_valid`` flag, and the rows in ``bad`` replied with
+    a non-finite reward (a server answering ``{"rewards": NaN}``)."""
+    rows = []
+    for i, (r, m) in enumerate(RESPONSES):
+        s = _sample(tok, "1 + 2 = ?", r, bad.get(i, m))
+        s.info.pop("main_valid")
+        rows.append(s)
+    return rows
+
+
+@pytest.mark.parametrize("classmate", [True, False])
+def test_a_non_finite_main_reward_is_an_invalid_score_not_a_crash_or_a_nan_group(world, fake_ray, capsys, classmate):
+    # the classmate stream already turned such a reply into an invalid score; the main stream crashed the classmate
+    # run (ValueError in compute_advantages) and spread NaN over the whole group of a plain run
+    extra = ("--classmate.estimator", "separated") if classmate else ()
+    args = _args(world, "--algo.advantage.estimator", "group_norm", "--reward.remote_url",
+                 "http://127.0.0.1:9/score", *extra, classmate=classmate)
+    maker, _ = _maker(args, world.tok, fake_ray, classmate=classmate)
+    out = maker.make_experience_batch(_nan_rollout(world.tok, {4: float("nan"), 9: float("inf")}))
+    valid = [i not in (4, 9) for i in range(12)]
+    assert torch.cat([e.info["main_valid"] for e in out]).tolist() == [float(v) for v in valid]
+    name = "advantages"  # separated: the main stream's (the classmate's are classmate_advantages)
+    rows = _per_row(out, name)
+    assert all(torch.isfinite(rows[i]).all() for i in range(12))
+    assert torch.all(rows[4] == 0) and torch.all(rows[9] == 0)
+    # the other rows: the advantages of the same rollout with those two scores marked invalid by the reward function
+    maker2, _ = _maker(args, world.tok, fake_ray, classmate=classmate)
+    reference = _per_row(maker2.make_experience_batch(_invalid_rollout(world.tok, {4, 9})), name)
+    for i in range(12):
+        assert torch.allclose(rows[i], reference[i], atol=1e-6), i
+    assert all(torch.isfinite(e.rewards).all() for e in out)  # nothing non-finite left for the update's guard
+    logged = torch.cat([e.info["reward"] for e in out])
+    assert logged.mean().item() == pytest.approx(MAIN[torch.tensor(valid)].mean().item(), abs=1e-6)
+    err = capsys.readouterr().err
+    assert err.count("2 main reward(s) of this rollout batch arrived non-finite") == 1
+
+
+def test_the_samples_generator_flags_a_non_finite_reward_where_it_arrives():
+    # upstream's own _process_response_into_experience underneath; a non-finite reward or score becomes the
+    # placeholder 0 with main_valid 0, so dynamic filtering reads it as an invalid score (not "out of range")
+    from openrlhf_classmate.integration.experience_maker import main_validity
+    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator, filter_decision
+
+    gen = object.__new__(ClassmateSamplesGenerator)
+
+    def response(reward, scores):
+        return {"observation_tokens": [1, 2, 3, 4], "action_ranges": [(2, 4)], "reward": reward, "scores": scores,
+                "rollout_log_probs": None, "prompt": "p", "label": "l", "extra_logs": {}}
+
+    good = gen._process_response_into_experience(response(1.0, 1.0), max_len=16)
+    bad = gen._process_response_into_experience(response(float("nan"), float("nan")), max_len=16)
+    half = gen._process_response_into_experience(response(0.5, float("-inf")), max_len=16)
+    assert good.info["main_valid"].tolist() == [1.0] and good.rewards.tolist() == [1.0]
+    for e in (bad, half):
+        assert e.info["main_valid"].tolist() == [0.0]
+        assert e.rewards.tolist() == [0.0] and e.scores.tolist() == [0.0]
+        assert e.info["reward"].tolist() == [0.0] and e.info["score"].tolist() == [0.0]
+    zero = gen._process_response_into_experience(response(0.0, 0.0), max_len=16)
+    group = [good, zero, bad, half]
+    assert main_validity(group).tolist() == [True, True, False, False]
+    # dynamic filtering: the valid scores 1 and 0 average 0.5, inside (0, 1): kept (a NaN among them read as out of range)
+    assert filter_decision([float(e.scores[0]) for e in group], main_validity(group).tolist(), (0.0, 1.0)) == "keep"

@@ -22,12 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import ray
+import torch
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
 from openrlhf.utils.logging_utils import init_logger
 from tqdm import tqdm
 
 from openrlhf_classmate.integration.classmate_stage import ClassmateRollout, merge_pending
-from openrlhf_classmate.integration.experience_maker import main_validity
+from openrlhf_classmate.integration.experience_maker import (
+    invalidate_nonfinite_main,
+    main_validity,
+    warn_nonfinite_main,
+)
 from openrlhf_classmate.integration.step_health import no_valid_score_yet
 
 logger = init_logger(__name__)
@@ -60,6 +65,8 @@ class ClassmateSamplesGenerator(SamplesGenerator):
             samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
         finally:
             self._dispatching = False
+            warn_nonfinite_main(getattr(self, "_nonfinite", 0))
+            self._nonfinite = 0
         if early and samples:
             parts = [p for _, p in self._early]
             if [id(x) for g, _ in self._early for x in g] != [id(x) for x in samples]:
@@ -68,6 +75,16 @@ class ClassmateSamplesGenerator(SamplesGenerator):
             samples = ClassmateRollout(samples, merge_pending(parts))
         self._early = []
         return samples, pass_rate, consumed, exhausted
+
+    def _process_response_into_experience(self, response, **generate_kwargs):
+        """Upstream's, with every sample flagged ``main_valid`` (1 where the reward function gave no flag) and a
+        non-finite reward or score turned into an invalid score where it arrives, before dynamic filtering reads it
+        (the experience maker says so in its step's warning line)."""
+        experience = super()._process_response_into_experience(response, **generate_kwargs)
+        if experience.rewards is not None or experience.scores is not None:
+            experience.info.setdefault("main_valid", torch.ones(1))
+            self._nonfinite = getattr(self, "_nonfinite", 0) + invalidate_nonfinite_main([experience])
+        return experience
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
         dispatching = getattr(self, "_dispatching", False)
