@@ -913,3 +913,38 @@ def test_the_samples_generator_flags_a_non_finite_reward_where_it_arrives():
     assert main_validity(group).tolist() == [True, True, False, False]
     # dynamic filtering: the valid scores 1 and 0 average 0.5, inside (0, 1): kept (a NaN among them read as out of range)
     assert filter_decision([float(e.scores[0]) for e in group], main_validity(group).tolist(), (0.0, 1.0)) == "keep"
+
+
+@pytest.mark.parametrize("classmate", [True, False])
+@pytest.mark.parametrize("shaping", ["none", "all"])  # all: penalties, reward clip and the KL return
+def test_upstreams_logged_group_std_and_return_leave_invalid_scores_out(world, fake_ray, classmate, shaping):
+    # upstream computes info["group_reward_std"] and info["return"] over the placeholder 0 of invalid scores (its
+    # group std and baseline); the actor logs their mean. Group 0 has no valid score, row 4 of group 1 failed.
+    extra = (("--classmate.estimator", "separated") if classmate else ()) + tuple(SHAPING.get(shaping, ()))
+    args = _args(world, "--algo.advantage.estimator", "group_norm", *extra, classmate=classmate)
+    maker, _ = _maker(args, world.tok, fake_ray, classmate=classmate)
+    invalid = {0, 1, 2, 3, 4}
+    out = maker.make_experience_batch(_invalid_rollout(world.tok, invalid))
+    valid = torch.tensor([i not in invalid for i in range(12)])
+
+    def info(key):
+        rows = torch.zeros(12)
+        for e in out:
+            rows[torch.tensor(e.index)] = (e.info[key] if key in e.info else getattr(e, key)).float()
+        return rows
+
+    # the mean over the groups that have a std (>= 2 valid scores): group 1 (rows 5-7) and group 2, of the rewards
+    # upstream's estimator reads (after its length penalties)
+    shaped = info("rewards")
+    groups_std = (shaped[[5, 6, 7]].std() + shaped[8:12].std()) / 2
+    assert info("group_reward_std").mean().item() == pytest.approx(groups_std.item(), abs=1e-6)
+    if classmate:
+        assert info("classmate/main_group_reward_std").mean().item() == pytest.approx(groups_std.item(), abs=1e-6)
+    # return: what upstream sums over the tokens, the post-baseline outcome plus the KL return, i.e. the trained
+    # main advantage at the first response token (no whitening here), and the mean over valid rows only
+    first = {i: e.advantages[r][e.action_mask[r].bool()][0].item() for e in out for r, i in enumerate(e.index)}
+    returns = info("return")
+    for i in range(12):
+        if valid[i]:
+            assert returns[i].item() == pytest.approx(first[i], abs=1e-5), i
+    assert returns.mean().item() == pytest.approx(sum(first[i] for i in range(12) if valid[i]) / 7, abs=1e-5)

@@ -129,6 +129,14 @@ def _broadcast_valid_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Te
     return torch.where(valid, values, mean)
 
 
+def _logged_group_std(values: torch.Tensor, group: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per sample, the std of its group's valid scores, for logging: a group with fewer than 2 valid scores has no
+    std and takes the mean of the others, so that upstream's mean over samples is the mean over the groups that have
+    one (a 0 there would read as "no spread")."""
+    counts = torch.zeros(int(group.max()) + 1 if len(group) else 0).index_add_(0, group, valid.float())
+    return _broadcast_valid_mean(group_std(values, group, valid=valid), counts[group] >= 2)
+
+
 class ClassmateExperienceMaker(RemoteExperienceMaker):
     def __init__(self, *args, classmate_stage=None, classmate_engines=None, colocated: bool = False,
                  reward_hooks: list[RewardHook] | None = None, **kwargs):
@@ -293,6 +301,9 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             rollout_samples, experiences, main_valid, result
         )
         self._attach_classmate_tensors(experiences, rollout_samples, advantages, cot_masks, result)
+        if not main_valid.all():
+            self._mask_upstream_info(experiences, main_valid, advantages["main_scalar"], shaping["kl_return"],
+                                     shaping["response"])
         shaping["penalty"] = shaping.pop("main_rewards") - raw_main.double()
         self._log_classmate_metrics(experiences, rollout_samples, advantages, cot_masks, main_valid, result,
                                     stage_time, overlap, shaping)
@@ -375,6 +386,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             )
             for exp, rows in zip(experiences, whitened.split([exp.returns.numel() for exp in experiences])):
                 exp.advantages = rows.view_as(exp.returns).to(exp.advantages.dtype)
+            self._mask_upstream_info(experiences, main_valid, None, None, None)
             return
         action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
         group = torch.arange(len(samples)) // args.rollout.n_samples_per_prompt
@@ -386,6 +398,37 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         for exp in experiences:
             index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
             exp.advantages = masked["advantages"][index, :width].to(exp.advantages.dtype)
+        self._mask_upstream_info(experiences, main_valid, masked["main_scalar"], upstream["kl_return"], action_masks)
+
+    def _mask_upstream_info(self, experiences, main_valid, main_scalar, kl_return, action_masks) -> None:
+        """Upstream's own logged ``info["group_reward_std"]`` and ``info["return"]`` over valid main scores only (it
+        computed both with the placeholder 0 of invalid scores in its group std and baseline). ``return`` is what
+        upstream sums over the tokens: the post-baseline (clipped) outcome ``main_scalar`` plus the whole KL return
+        (its value at the first response token); ``main_scalar=None`` (reinforce: no baseline) keeps upstream's
+        values, which no placeholder entered, and only leaves the invalid rows out of the mean."""
+        size = len(main_valid)
+        if main_scalar is None:
+            returns = torch.zeros(size)
+            for exp in experiences:
+                returns[torch.tensor(exp.index)] = exp.info["return"].float()
+        else:
+            returns = main_scalar.float().clone()
+            if kl_return is not None:
+                first = action_masks.int().argmax(dim=1)  # the first response token of each row
+                returns += kl_return.gather(1, first.unsqueeze(1)).squeeze(1).float()
+        returns = _broadcast_valid_mean(returns, main_valid)
+        stds = None
+        if any("group_reward_std" in exp.info for exp in experiences):
+            rewards = torch.zeros(size)
+            for exp in experiences:
+                rewards[torch.tensor(exp.index)] = exp.rewards.float()
+            stds = _logged_group_std(rewards, torch.arange(size) // self.args.rollout.n_samples_per_prompt,
+                                     main_valid)
+        for exp in experiences:
+            index = torch.tensor(exp.index)
+            exp.info["return"] = returns[index]
+            if stds is not None and "group_reward_std" in exp.info:
+                exp.info["group_reward_std"] = stds[index]
 
     def _attach_classmate_tensors(self, experiences, samples, advantages, cot_masks, result) -> None:
         """Replace upstream's advantages and add the classmate fields (``ClassmateExperience``) on each micro-batch
@@ -433,8 +476,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         main_rewards = torch.zeros(len(samples))
         for exp in experiences:
             main_rewards[torch.tensor(exp.index)] = exp.rewards.float()
-        main_std = group_std(main_rewards, group, valid=main_valid)
-        classmate_std = group_std(result.reward, group, valid=result.valid)
+        main_std = _logged_group_std(main_rewards, group, main_valid)
+        classmate_std = _logged_group_std(result.reward, group, result.valid)
         classmate_reward = _broadcast_valid_mean(result.reward, result.valid)
         classmate_raw_mean = _broadcast_valid_mean(result.raw_mean, result.valid)
         cot_logprob = None
