@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import os
 import socket
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from openrlhf_classmate.algo.darling import (
 )
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.reward_methods import build_reward_hooks
+from openrlhf_classmate.rewards.darling import DarlingConfig, DarlingRewardHook
 from openrlhf_classmate.rewards.pair_classifier import ClassifierSettings, PairClassifier
 from openrlhf_classmate.testing.fake_servers import FakeClassifierServer, serve_in_thread
 
@@ -289,3 +291,37 @@ def test_partition_correct_classifies_only_pairs_of_correct_responses():
     assert len(server.requests) == 3 and metrics["darling/pairs_classified"] == 3.0  # pairs among {0, 1, 3}
     # k = 3 correct: {0, 1} share a class -> (3 - 2) / 2 = 0.5; 3 alone -> 1; the wrong one gets the floor (x q = 0)
     assert [float(s.rewards[0]) for s in samples] == pytest.approx([0.5, 0.5, 0.0, 1.0])
+
+
+def _scored(rewards, valid):
+    """Rollout samples as the hook sees them: the reward function's quality and its validity flag (an invalid score
+    carries the placeholder 0)."""
+    return [SimpleNamespace(rewards=torch.tensor([float(r)]), info={"main_valid": torch.tensor([float(v)])})
+            for r, v in zip(rewards, valid)]
+
+
+def test_an_invalid_quality_is_not_read_as_an_incorrect_answer():
+    # partition_correct: the diversity of a correct answer depends on k, the number of correct answers; with one
+    # answer's correctness unknown (judge down), k is unknown and so are the correct answers' rewards: masked, not
+    # computed as if the unknown answer were wrong. An incorrect answer gets the floor whatever k is: still scored.
+    hook = DarlingRewardHook(DarlingConfig(diversity="partition_correct", classifier_urls=["http://127.0.0.1:9"],
+                                           short_answer_words=5), 4)
+    samples = _scored([1, 0, 0, 1], [1, 1, 0, 1])  # row 2 invalid; rows 0-2 give the same short answer
+    metrics = hook.apply(samples, ["x", "x", "x", "y"])
+    assert [float(s.info["main_valid"][0]) for s in samples] == [0.0, 1.0, 0.0, 0.0]
+    assert float(samples[1].rewards[0]) == 0.0  # incorrect: quality 0 x the floor
+    assert metrics["darling/undetermined"] == 2.0  # rows 0 and 3: valid scores whose reward is unknown
+    # all valid: the same group is scored as before (k = 3 correct among rows 0, 2, 3; rows 0 and 2 share a class)
+    samples = _scored([1, 0, 1, 1], [1, 1, 1, 1])
+    hook.apply(samples, ["x", "x", "x", "y"])
+    assert [float(s.info["main_valid"][0]) for s in samples] == [1.0] * 4
+    assert [round(float(s.rewards[0]), 4) for s in samples] == [0.5, 0.0, 0.5, 1.0]
+
+
+def test_all_correct_and_all_incorrect_count_groups_over_their_valid_answers():
+    hook = DarlingRewardHook(DarlingConfig(diversity="ngram", ngram_n=1), 4)
+    # group 0: no valid score (not all-incorrect: unknown); group 1: every valid answer correct, one invalid;
+    # group 2: every valid answer wrong
+    samples = _scored([0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1])
+    metrics = hook.apply(samples, ["a b", "a c", "d e", "f g"] * 3)
+    assert metrics["darling/all_correct"] == 1.0 and metrics["darling/all_incorrect"] == 1.0

@@ -8,7 +8,8 @@ the quality reward the reward function gave (``sample.rewards``), in place. Form
 ``--algo.advantage.estimator dr_grpo`` (enforced at launch), also per stream in a classmate run.
 
 A sample whose reward cannot be determined (its quality was invalid, or its class touches a pair the classifier could
-not answer and its reward depends on it) is marked ``info["main_valid"] = 0``: masked out of the group statistics,
+not answer and its reward depends on it, or with ``partition_correct`` it is correct and another answer's quality in
+its group was invalid, so that the number of correct answers is unknown) is marked ``info["main_valid"] = 0``: masked out of the group statistics,
 never scored as 0. Per-step metrics (``darling/*``): quality, diversity, number of classes and largest class per
 group, all-correct / all-incorrect group counts, pairs classified / decided by the short-answer rule / unknown,
 classifier retries and time, and the samples left undetermined.
@@ -203,11 +204,11 @@ class DarlingRewardHook:
         groups = []
         for start in range(0, len(samples), n):
             raw = [float(s.rewards.flatten()[0]) for s in samples[start : start + n]]
-            correct = [r > 0 for r in raw]
+            valid = [_valid(s) for s in samples[start : start + n]]
+            correct = [r > 0 and ok for r, ok in zip(raw, valid, strict=True)]  # an invalid score is not "wrong"
             quality = ([cfg.quality_values[0] if c else cfg.quality_values[1] for c in correct]
                        if cfg.quality_values else raw)
-            groups.append(_Group(texts[start : start + n], quality, [_valid(s) for s in samples[start : start + n]],
-                                 correct))
+            groups.append(_Group(texts[start : start + n], quality, valid, correct))
         metrics = self._classify(groups) if cfg.diversity in PARTITION_KINDS else {}
 
         rewards, determined, diversities, diversity_known = [], [], [], []
@@ -221,6 +222,10 @@ class DarlingRewardHook:
                     div = partition_diversity(class_of, floor=cfg.diversity_floor)
                 else:
                     div = partition_correct_diversity(class_of, g.correct, floor=cfg.diversity_floor)
+                    if not all(g.quality_known):
+                        # k, the number of correct answers, is unknown while an answer's score is: so is the
+                        # diversity of every correct answer (an incorrect one gets the floor whatever k is)
+                        known = [k and not c for k, c in zip(known, g.correct, strict=True)]
                 num_classes.append(len(set(class_of)))
                 largest.append(max(class_sizes(class_of)))
             r, ok = combine(g.quality, div, mode=cfg.combine, lambda_quality=cfg.lambda_quality,
@@ -246,8 +251,10 @@ class DarlingRewardHook:
             "darling/quality": sum(known_q) / len(known_q) if known_q else 0.0,
             "darling/diversity": sum(known_d) / len(known_d) if known_d else 0.0,
             "darling/reward": sum(scored) / len(scored) if scored else 0.0,
-            "darling/all_correct": float(sum(all(g.correct) for g in groups)),
-            "darling/all_incorrect": float(sum(not any(g.correct) for g in groups)),
+            # over each group's valid answers (a group without one is neither)
+            "darling/all_correct": float(sum(any(g.quality_known) and all(
+                c for c, k in zip(g.correct, g.quality_known, strict=True) if k) for g in groups)),
+            "darling/all_incorrect": float(sum(any(g.quality_known) and not any(g.correct) for g in groups)),
             "darling/undetermined": float(undetermined),
         })
         if num_classes:
