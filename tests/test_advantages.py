@@ -470,3 +470,31 @@ def test_separated_non_neg_refuses_whitening_which_would_make_it_negative():
         with pytest.raises(ValueError, match="separated_non_neg.*whiten"):
             compute_advantages("separated_non_neg", R_MAIN, R_CM, GROUP, response_mask=V, cot_mask=M,
                                baseline="reinforce_baseline", whiten=whiten)
+
+
+@pytest.mark.parametrize("clip", [None, (-0.3, 3.0)])
+def test_gdpo_batch_norm_leaves_out_responses_with_no_advantage_in_either_stream(clip):
+    # row 4 has the only valid main score of its group and no valid classmate score: no advantage in either stream
+    # (b undefined), so no signal. It entered S_bn's mean and std as S = 0, diluting the std of the others and, with
+    # --reward.clip_range (S then not zero-mean), receiving -mean/std on its CoT tokens.
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    v = torch.ones(8, 2, dtype=torch.bool)
+    cot = torch.tensor([[1, 0]] * 8, dtype=torch.bool)
+    m = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    c = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    mv = torch.tensor([1, 1, 1, 1, 1, 0, 0, 0], dtype=torch.bool)
+    cv = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    out = compute_advantages("gdpo", m, c, g, response_mask=v, cot_mask=cot, main_valid=mv, classmate_valid=cv,
+                             main_clip=clip)
+    assert out["combined_scalar"][4].item() == 0.0 and torch.all(out["advantages"][4] == 0)
+    without = compute_advantages("gdpo", m, c, g, response_mask=v, cot_mask=cot, main_valid=mv & (g == 0),
+                                 classmate_valid=cv, main_clip=clip)
+    torch.testing.assert_close(out["combined_scalar"], without["combined_scalar"], rtol=0, atol=0)
+    # by hand: S over rows 0-3 only, unbiased std
+    a_m = (m[:4] - m[:4].mean()) / (m[:4].std() + 1e-6)
+    a_c = (c[:4] - c[:4].mean()) / (c[:4].std() + 1e-6)
+    if clip is not None:
+        a_m = a_m.clamp(*clip)
+    s = a_m + a_c
+    expected = (s - s.mean()) / (s.std() + 1e-6)
+    torch.testing.assert_close(out["combined_scalar"][:4], expected, rtol=1e-5, atol=1e-6)

@@ -24,7 +24,7 @@ scalar as upstream does) and A^c = b(R^c over ok^c):
     grpo              A^comb · v,   A^comb = clip(b(R^m + R^c))      (reward-sum baseline; R^c = 0 → plain GRPO)
     grpo_w_classmate  A^comb on m, A^m on v - m   (classmate_partial);   A^comb · v   (all)
     gdpo              S = w_m A^m + w_c A^c, batch-normalised S_bn = (S - mean S) / (std S + ε) over the responses
-                      with at least one valid score (unbiased std);
+                      with an advantage in at least one stream (unbiased std; the others get S_bn = 0);
                       S_bn on m, A^m on v - m (classmate_partial) or S_bn · v (all)
     gdpo_wo_bn        the same with S instead of S_bn
     separated         main_advantages = A^m · v;  classmate_advantages = A^c · m (classmate_partial) or A^c · v
@@ -296,9 +296,10 @@ def compute_advantages(
         return x if main_clip is None else x.clamp(min=float(main_clip[0]), max=float(main_clip[1]))
 
     # A^m and A^c per response, in float64 for the arithmetic below ...
-    main_scalar_f64, _ = _baseline(valid_main_rewards, inverse, num_groups, main_ok, baseline, eps)
+    main_scalar_f64, main_defined = _baseline(valid_main_rewards, inverse, num_groups, main_ok, baseline, eps)
     main_scalar_f64 = clip(main_scalar_f64)
-    classmate_scalar_f64, _ = _baseline(valid_classmate_rewards, inverse, num_groups, classmate_ok, baseline, eps)
+    classmate_scalar_f64, classmate_defined = _baseline(valid_classmate_rewards, inverse, num_groups, classmate_ok,
+                                                        baseline, eps)
     if estimator == "separated_non_neg":
         # A^c := max(A^c, 0): a classmate that fails does not penalise the main model (spec §5.3)
         classmate_scalar_f64 = classmate_scalar_f64.clamp(min=0.0)
@@ -322,7 +323,9 @@ def compute_advantages(
         # S = w_m·A^m + w_c·A^c
         weighted_sum = float(weights[0]) * main_scalar_f64 + float(weights[1]) * classmate_scalar_f64
         if estimator == "gdpo":  # S_bn: HEAD's normalisation over the whole batch (spec §13)
-            active = main_ok | classmate_ok  # a response with no valid score carries no signal and stays 0
+            # a response with no advantage in either stream (no valid score, or none that its group could compare)
+            # carries no signal: it stays 0 and leaves S_bn's mean and std
+            active = main_defined | classmate_defined
             count = int(active.sum())
             centred = torch.where(active, weighted_sum - weighted_sum[active].mean() if count else weighted_sum, 0.0)
             std = centred.square().sum().div(max(count - 1, 1)).sqrt()
