@@ -541,5 +541,6 @@ def test_evaluation_scores_eval_samples_with_the_hook(world, fake_ray):
     trainer.tensorboard_logger = SimpleNamespace(log_eval=lambda step, logs: logged.append((step, logs)))
     logs = trainer.evaluate(8, n_samples_per_prompt=1)
     assert logged == [(8, logs)]
-    assert logs["eval_vrcli_story_pass1"] == pytest.approx(0.5)  # gold plan: 1.0; no plan: a failure, 0
+    # gold plan: 1.0; no plan: invalid (--vrcli.missing_plan invalid), left out of pass1, not read as 0
+    assert logs["eval_vrcli_story_pass1"] == pytest.approx(1.0) and logs["eval_main_valid_fraction"] == 0.5
     assert logs["eval_vrcli/invalid"] == 1 and logs["eval_vrcli/ladder_n_ge_2"] == 1

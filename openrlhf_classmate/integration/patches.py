@@ -21,6 +21,7 @@ upstream name                                    rebound to / why
 ``ppo_trainer_async.TrainingActor``              (dispatches the classmate requests) and training actor (our maker)
 ``SamplesGenerator`` in ``ppo_trainer`` and      ``ClassmateSamplesGenerator`` (dynamic filtering leaves invalid
 ``ppo_trainer_async``                            scores out), in the controller / rollout actor's process
+``compute_eval_metrics`` in the same two         ``masked_eval_metrics`` (eval pass1 / pass@n over valid scores)
 ``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
                                                  ``*_hf`` folders rotate with ``--ckpt.max_num``)
 ``samples_generator.SamplingParams`` (the        rollout requests with the sampled token's log-prob (the
@@ -258,12 +259,15 @@ def install_samples_generator() -> None:
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
+    from openrlhf_classmate.integration.eval_metrics import masked_eval_metrics
     from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
 
     for module in (ppo_trainer, ppo_trainer_async):
-        if not hasattr(module, "SamplesGenerator"):
-            raise UpstreamChangedError(f"{module.__name__}.SamplesGenerator is gone")
+        for name in ("SamplesGenerator", "compute_eval_metrics"):
+            if not hasattr(module, name):
+                raise UpstreamChangedError(f"{module.__name__}.{name} is gone")
         module.SamplesGenerator = ClassmateSamplesGenerator
+        module.compute_eval_metrics = masked_eval_metrics
 
 
 def install_rollout_sampling_params(factory) -> None:

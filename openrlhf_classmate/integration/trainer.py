@@ -222,7 +222,7 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
         hooks = [h for h in self.experience_maker.reward_hooks if getattr(h, "scores_eval_samples", False)]
         if not hooks:
             return super().evaluate(global_step, **generate_kwargs)
-        from openrlhf.trainer.ppo_trainer import compute_eval_metrics
+        from openrlhf_classmate.integration.eval_metrics import masked_eval_metrics
 
         start = time.time()
         samples = self.samples_generator.generate_eval_samples(**generate_kwargs)
@@ -230,10 +230,8 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
         if samples:
             for hook in hooks:
                 logs.update({f"eval_{k}": v for k, v in hook(self.experience_maker, samples).items()})
-            for sample in samples:  # a sample a hook could not score counts as a failure (0) in pass@k
-                if float(sample.info.get("main_valid", torch.ones(1)).flatten()[0]) == 0.0:
-                    sample.rewards = torch.zeros_like(sample.rewards)
-        logs = {**compute_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"]),
+        # a sample a hook could not score (main_valid 0) is left out of pass1 / pass@n (integration/eval_metrics.py)
+        logs = {**masked_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"]),
                 **logs}
         if self.wandb_logger:
             self.wandb_logger.log_eval(global_step, logs)
