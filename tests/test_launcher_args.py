@@ -332,3 +332,13 @@ def test_seq_mean_token_sum_norm_needs_a_fixed_response_width():
         advantages = torch.where(mask, 1.0, 0.0)
         values.append(loss(lp, lp, advantages, action_mask=mask, classmate_advantages=torch.zeros(1, width))[0])
     assert values[0].item() == values[1].item() == pytest.approx(-3 / 16)
+
+
+def test_a_dashboard_address_for_a_direct_launch_is_one_line():
+    # ray job submit takes http://HEAD:8265; ray.init (RAY_SUBMIT=0: the launcher joins the cluster itself) fails on
+    # it with a traceback ("Module: http does not have ClientBuilder")
+    from openrlhf_classmate.cli.train_ppo_ray import ray_init_address
+
+    with pytest.raises(SystemExit, match=r"^error: RAY_ADDRESS=http://10.0.0.1:8265 is a dashboard .* HEAD_IP:6379"):
+        ray_init_address("http://10.0.0.1:8265")
+    assert ray_init_address("auto") == "auto" and ray_init_address("10.0.0.1:6379") == "10.0.0.1:6379"

@@ -61,6 +61,18 @@ def reward_env(args) -> dict[str, str]:
     return env
 
 
+def ray_init_address(address: str) -> str:
+    """``RAY_ADDRESS`` for joining a running cluster from this process. The dashboard's http address, which ``ray job
+    submit`` takes (and the train scripts pass there), is refused here in one line: ``ray.init`` fails on it with a
+    traceback about a missing client module."""
+    if address.startswith(("http://", "https://")):
+        raise SystemExit(f"error: RAY_ADDRESS={address} is a dashboard (job submission) address; a launcher started "
+                         "directly (RAY_SUBMIT=0 in train_scripts) joins the cluster by its GCS address: set "
+                         "RAY_ADDRESS=auto on a cluster node, or HEAD_IP:6379, or submit the launcher with ray job "
+                         "submit")
+    return address
+
+
 def init_ray(args, extra_env: dict[str, str]) -> None:
     import ray
     import torch
@@ -84,7 +96,7 @@ def init_ray(args, extra_env: dict[str, str]) -> None:
     os.environ.update(extra_env)
     runtime_env = {"env_vars": env, "worker_process_setup_hook": "openrlhf_classmate.integration.patches.worker_setup"}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
+        ray.init(address=ray_init_address(os.environ["RAY_ADDRESS"]), runtime_env=runtime_env)
     elif torch.cuda.is_available():
         ray.init(runtime_env=runtime_env)
     else:
