@@ -6,7 +6,13 @@ import statistics
 import pytest
 import torch
 
-from openrlhf_classmate.algo.advantages import ESTIMATORS, TOKEN_MODES, compute_advantages, group_normalize
+from openrlhf_classmate.algo.advantages import (
+    ESTIMATORS,
+    TOKEN_MODES,
+    compute_advantages,
+    group_normalize,
+    whiten_tokens,
+)
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
 from openrlhf_classmate.algo.spans import cot_mask
 
@@ -498,3 +504,23 @@ def test_gdpo_batch_norm_leaves_out_responses_with_no_advantage_in_either_stream
     s = a_m + a_c
     expected = (s - s.mean()) / (s.std() + 1e-6)
     torch.testing.assert_close(out["combined_scalar"][:4], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("estimator, baseline, rewards", [
+    ("separated", "rloo", [3e38, -3e38, 0.0, 0.0]),  # rloo's n/(n-1) past float32's limit
+    ("gdpo_wo_bn", "dr_grpo", [3e38, -3e38, 0.0, 0.0]),  # w_m = 2 doubles it
+    ("separated", "group_norm", [1e308, 1e308, 0.0, 0.0]),  # the float64 sums themselves
+])
+def test_finite_rewards_whose_statistics_overflow_are_an_error_where_they_appear(estimator, baseline, rewards):
+    dtype = torch.float64 if rewards[0] > 1e300 else torch.float32
+    r = torch.tensor(rewards, dtype=dtype)
+    g = torch.tensor([0, 0, 0, 0])
+    v = torch.ones(4, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="overflowed to a non-finite value although every reward is finite"):
+        compute_advantages(estimator, r, torch.zeros(4, dtype=dtype), g, response_mask=v, cot_mask=v,
+                           baseline=baseline, weights=(2.0, 1.0))
+
+
+def test_whitening_without_a_scored_token_gives_zeros():
+    x = torch.tensor([[0.5, -0.5, 0.25]])
+    assert torch.equal(whiten_tokens(x, torch.zeros(1, 3, dtype=torch.bool), mode="mean_std"), torch.zeros(1, 3))

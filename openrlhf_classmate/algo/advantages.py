@@ -209,7 +209,7 @@ def whiten_tokens(advantages: torch.Tensor, mask: torch.Tensor, *, mode: str) ->
         raise ValueError(f"unknown whitening {mode!r}; expected one of {WHITENING}")
     count = mask.sum()
     if count == 0:
-        return advantages
+        return torch.zeros_like(advantages)  # no scored token: nothing to centre, every token 0 as below
     x = advantages.double()
     mean = (x * mask).sum() / count
     rstd = ((x - mean).square() * mask).sum().div(count).clamp(min=1e-8).rsqrt() if mode == "mean_std" else 1.0
@@ -350,6 +350,7 @@ def compute_advantages(
         result["main_advantages"] = main_advantages
         result["classmate_advantages"] = classmate_advantages
         result["advantages"] = main_advantages + classmate_advantages
+        _check_scalars_finite(result)
         return result
 
     if kl_return is not None:
@@ -361,4 +362,15 @@ def compute_advantages(
             scored = either if token_mode == "all" else torch.where(cot_tokens, either, scored)
         advantages = whiten_tokens(advantages, scored, mode=whiten)
     result["advantages"] = advantages
+    _check_scalars_finite(result)
     return result
+
+
+def _check_scalars_finite(result: dict[str, torch.Tensor]) -> None:
+    """Finite rewards whose statistics overflow (|R| near the float64 or output dtype's limit; rloo's n/(n-1), the
+    gdpo weights) give non-finite advantages: an error here, where they appear, not a skipped update later."""
+    for name in ("main_scalar", "classmate_scalar", "combined_scalar"):
+        x = result.get(name)
+        if x is not None and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} overflowed to a non-finite value although every reward is finite: the rewards "
+                             f"are too large for the advantage statistics in {x.dtype}; rescale the reward")
