@@ -23,7 +23,9 @@ def world(tmp_path_factory):
         yield save_tiny_model(str(tmp_path_factory.mktemp("nonfinite") / "policy"), WORDS, hidden_size=32)
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+# ZeRO-0: DeepSpeed wraps the bf16 optimizer in FP16_Optimizer, which sees an overflow and steps anyway (it skips
+# only under loss scaling): the guard once let a NaN gradient into the weights there and logged a skip
+@pytest.fixture(scope="module", params=[0, 2, 3], ids=["zero0", "zero2", "zero3"])
 def policy(request, world):
     return policy_actor(world, ["--ds.zero_stage", str(request.param)])
 
@@ -33,7 +35,7 @@ def _snapshot(actor) -> dict[str, torch.Tensor]:
     engine = actor.actor.model
     out = {f"w/{n}": getattr(p, "ds_tensor", p).detach().clone() for n, p in engine.module.named_parameters()}
     wrapper = engine.optimizer
-    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat"):
         for i, t in enumerate(getattr(wrapper, attr, None) or []):
             out[f"{attr}/{i}"] = t.detach().clone()
     for i, state in enumerate(wrapper.optimizer.state.values()):

@@ -92,7 +92,7 @@ class NonfiniteGuard:
     def install(self) -> None:
         wrapper = self.engine.optimizer
         inner = getattr(wrapper, "optimizer", wrapper)
-        self.wrapped = inner is not wrapper
+        self.inner = inner
         for o in {id(o): o for o in (inner, getattr(wrapper, "backup_optimizer", None)) if o is not None}.values():
             def guarded_step(*args, _real=o.step, **kwargs):
                 return _real(*args, **kwargs) if self._update_allowed() else None
@@ -100,8 +100,12 @@ class NonfiniteGuard:
             o.step = guarded_step
         # DeepSpeed's ZeRO wrappers replace a non-finite gradient norm by -1 before clipping and stepping (ZeRO-3
         # bf16 then applies a NaN update with a logged norm of 1): the norm is read where they compute it
+        # Without those (no wrapper, or ZeRO-0's FP16_Optimizer, which in bf16 sees an overflow and steps anyway:
+        # it skips only under loss scaling) the inner optimizer's parameters hold the full gradients it would apply
+        self.norm_hooked = False
         for name in ("get_grad_norm_direct", "complete_grad_norm_calculation_for_cpu_offload"):
             if hasattr(wrapper, name):
+                self.norm_hooked = True
                 def recorded(*args, _real=getattr(wrapper, name), **kwargs):
                     norm = _real(*args, **kwargs)
                     value = float(norm)
@@ -115,15 +119,16 @@ class NonfiniteGuard:
     def _update_allowed(self) -> bool:
         if self.skip_window:
             return False
-        if self.norm_nonfinite or (not self.wrapped and not math.isfinite(self._plain_grad_norm())):
+        if self.norm_nonfinite or (not self.norm_hooked and not math.isfinite(self._plain_grad_norm())):
             self.skip_window = True
             self.skipped_now = ["gradient norm"]
             return False
         return True
 
     def _plain_grad_norm(self) -> float:
-        """Without a DeepSpeed wrapper (fp32, no ZeRO) the parameters hold the full, reduced gradients."""
-        grads = [p.grad for g in self.engine.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        """The norm of the gradients the inner optimizer is about to apply (no ZeRO partitioning: they are full and
+        reduced; under ZeRO-0's FP16_Optimizer, its fp32 masters' gradients)."""
+        grads = [p.grad for g in self.inner.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return 0.0
         return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
