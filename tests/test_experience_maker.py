@@ -948,3 +948,28 @@ def test_upstreams_logged_group_std_and_return_leave_invalid_scores_out(world, f
         if valid[i]:
             assert returns[i].item() == pytest.approx(first[i], abs=1e-5), i
     assert returns.mean().item() == pytest.approx(sum(first[i] for i in range(12) if valid[i]) / 7, abs=1e-5)
+
+
+def test_vanilla_classmate_rows_with_missing_cot_log_probs_are_invalid_not_trained_on(world, fake_ray):
+    # vLLM's prompt_logprobs lacking a position reads as -inf (classmate_executor.cot_prompt_logprobs); the loss of
+    # vanilla_classmate would clamp that c_t and train on it with a valid A^c: the classmate score is unusable there
+    args = _args(world, "--classmate.estimator", "separated", "--classmate.loss", "vanilla_classmate",
+                 "--classmate.prompt_mode", "splice", "--classmate.model_name_or_path", world.policy)
+    maker, engine = _maker(args, world.tok, fake_ray)
+    real = engine._generate
+    calls = []
+
+    def one_missing(prompt, *a, **kw):
+        out = real(prompt, *a, **kw)
+        calls.append(prompt)
+        if len(calls) == 3 and out[0]["cot_logprobs"]:
+            out[0]["cot_logprobs"][0] = float("-inf")
+        return out
+
+    engine.generate_responses = SimpleNamespace(remote=one_missing)
+    experiences = maker.make_experience_batch(_rollout(world.tok))
+    advantages = _per_row(experiences, "classmate_advantages")
+    assert torch.all(advantages[2] == 0)  # the third request's row: no classmate advantage
+    assert any(torch.any(advantages[i] != 0) for i in range(12) if i != 2)
+    skip = float(experiences[0].info["classmate/skip_cot_logprobs_missing"][0])
+    assert skip == pytest.approx(1 / 12)

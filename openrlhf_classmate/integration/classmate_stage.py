@@ -309,8 +309,6 @@ class ClassmateStage:
             reasons["main_score_invalid"] += lost * k_models * s_samples  # in requests, like the other reasons
             sample_valid = sample_valid & main_valid.bool()
             reward = torch.where(sample_valid, reward, 0.0)
-        self.last_scores = (list(results), sample_valid.tolist())
-
         log_probs = None
         if self.vanilla:
             log_probs = []
@@ -321,6 +319,14 @@ class ClassmateStage:
                     values = torch.tensor(out[0]["cot_logprobs"], dtype=torch.float32)
                     row[cot.nonzero().squeeze(-1)[: len(values)]] = values[: int(cot.sum())]
                 log_probs.append(row)
+            # vanilla_classmate's loss reads c_t on every CoT token: a row whose CoT log-probs the engine did not
+            # return in full (-inf, NaN) has no usable classmate signal, whatever its score
+            missing = torch.tensor([bool(cot.any()) and not bool(torch.isfinite(row[cot]).all())
+                                    for row, cot in zip(log_probs, pending.spans.cot)], dtype=torch.bool)
+            reasons["cot_logprobs_missing"] += int((sample_valid & missing).sum()) * k_models * s_samples
+            sample_valid = sample_valid & ~missing
+            reward = torch.where(sample_valid, reward, 0.0)
+        self.last_scores = (list(results), sample_valid.tolist())
 
         total_requests = n * k_models * s_samples
         metrics = {
