@@ -114,6 +114,9 @@ def test_verdict_parsing(text, think, verdict):
     ("Total Score: 3\nTotal Score: 6/10", 0.6), ("Total Score: 'seven'", None), ("no score here", None),
     ("Total Score: 7\nbecause it is ok", None),  # no '/': the whole rest is not a number (the reference's rule)
     ("Total Score: nan/10", None),
+    ("Total Score: -20/10", None), ("Total Score: -1e100/10", None),  # below the 0-10 scale: no score (a grading
+    # of -20 gave the grade reward (1 - |s - gt|)^2 = 2.25 > 1, and -1e100 an infinite float32 reward)
+    ("Total Score: 0/10", 0.0),
 ])
 def test_total_score_parsing(text, score):
     assert parse_total_score(text) == (pytest.approx(score) if score is not None else None)

@@ -157,7 +157,9 @@ _SCORE_NOISE = (":", "[", "points", "point", "*", "|", "'")
 
 def parse_total_score(text: str) -> float | None:
     """A rubric grading's score in [0, 1]: the text after the last ``Total Score``, with ``: [ points point * | '``
-    deleted, cut at the first ``/``, as a number x; ``min(10, x) / 10``. None when that is not a finite number."""
+    deleted, cut at the first ``/``, as a number x; ``min(10, x) / 10``. None when that is not a finite number, or
+    when it is below 0, off the rubric's 0-10 scale (the reference assumes x >= 0; a negative one would give the
+    ``grade`` reward (1 - |s - gt|)^2 values above 1)."""
     at = text.rfind("Total Score")
     if at < 0:
         return None
@@ -168,4 +170,4 @@ def parse_total_score(text: str) -> float | None:
         x = float(rest.split("/", 1)[0].strip())
     except ValueError:
         return None
-    return min(10.0, x) / 10.0 if math.isfinite(x) else None
+    return min(10.0, x) / 10.0 if math.isfinite(x) and x >= 0 else None
