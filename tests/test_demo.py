@@ -11,6 +11,7 @@ requests as they arrive), so the thresholds below sit at about half of the small
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -119,3 +120,41 @@ def test_quick_demo_summary_shows_the_transfer_curve_of_the_evaluate_sweep(quick
     assert "## Truncated-CoT transfer" in summary_md and "`runs/classmate/transfer/transfer.png`" in summary_md
     row = "| classmate GDPO | step 10 (after RL) | " + " | ".join(f"{100 * after[f]:.1f}%" for f in fractions) + " |"
     assert row in summary_md and "step  10: classmate accuracy after 0/25/50/75/100% of the CoT" in log
+
+
+def test_the_demo_clears_only_a_folder_it_wrote(tmp_path):
+    # a folder of earlier training runs given as --output-dir: the demo deleted its runs/, world/ and summary.* (the
+    # names of its own artefacts) before its first stage; now it refuses before touching anything
+    from openrlhf_classmate.demo.report import MARKER, clear_previous_run
+
+    foreign = tmp_path / "mine"
+    (foreign / "runs" / "classmate_gdpo" / "ckpt").mkdir(parents=True)
+    (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").write_text("global_step100")
+    (foreign / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit, match=r"^error: --output-dir .*mine is not empty and holds no demo run"):
+        clear_previous_run(str(foreign))
+    assert (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").read_text() == "global_step100"
+    res = subprocess.run([sys.executable, "-m", "openrlhf_classmate.demo", "--quick", "--output-dir", str(foreign)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: --output-dir")
+    assert (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").exists() and (foreign / "summary.json").exists()
+    # a new or empty folder is claimed (the marker), and a folder the demo wrote is cleared of its artefacts only
+    ours = tmp_path / "ours"
+    clear_previous_run(str(ours))
+    assert (ours / MARKER).exists()
+    (ours / "runs").mkdir()
+    (ours / "notes.txt").write_text("kept")
+    clear_previous_run(str(ours))
+    assert not (ours / "runs").exists() and (ours / "notes.txt").read_text() == "kept"
+
+
+def test_a_demo_folder_written_before_the_marker_is_still_the_demos(tmp_path):
+    from openrlhf_classmate.demo.report import MARKER, clear_previous_run
+
+    old = tmp_path / "outputs_demo"
+    (old / "runs" / "classmate").mkdir(parents=True)
+    (old / "world").mkdir()
+    (old / "summary.json").write_text(json.dumps({"seed": 0, "quick": False, "rl": {}, "world": {}}))
+    (old / "eval_before.jsonl").write_text("")
+    clear_previous_run(str(old))
+    assert sorted(os.listdir(old)) == [MARKER]

@@ -192,7 +192,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         return 0 if GPUDemo(settings, out, argv).run_stage(args._stage) else EXIT_UNFINISHED
     if args.fresh:
         R.clear_previous_run(out, gpu=True)
-    os.makedirs(out, exist_ok=True)
+    R.claim_output_dir(out)  # resuming: a folder of an earlier GPU demo run, or a new one
     _check_settings(out, settings)
     demo = GPUDemo(settings, out, argv, budget_s=args.budget_s, rl_steps_per_call=args.rl_steps_per_call)
     if not demo.all_done():

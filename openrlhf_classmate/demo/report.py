@@ -26,9 +26,47 @@ COLORS = {"classmate": "tab:blue", "grpo": "tab:orange"}
 STYLE_LABELS = {"skip": "skip-last"}  # a CoT shape's name in summary.md
 
 
+MARKER = ".openrlhf_classmate_demo"  # written into every folder the demo uses: what it may clear later
+
+
+_DEMO_ENTRIES = {"metrics.jsonl", "curves.png", "summary.md", "summary.json", "settings.json", "runs", "world",
+                 "stages"}
+
+
+def _unmarked_demo_folder(out: str) -> bool:
+    """A folder a demo run wrote before :data:`MARKER` existed: only the demo's entries, and its summary or GPU
+    settings naming a seed and RL settings."""
+    names = os.listdir(out)
+    if not all(n in _DEMO_ENTRIES or (n.startswith("eval_") and n.endswith(".jsonl")) for n in names):
+        return False
+    for name in ("summary.json", "settings.json"):
+        try:
+            with open(os.path.join(out, name)) as f:
+                if {"seed", "rl"} <= set(json.load(f)):
+                    return True
+        except (OSError, ValueError, TypeError):
+            continue
+    return False
+
+
+def claim_output_dir(out: str) -> None:
+    """Make ``out`` the demo's folder: a new or empty one, or one holding an earlier demo run (:data:`MARKER`). Any
+    other folder is refused in one line before anything in it is touched: the demo replaces ``runs/``, ``world/``,
+    ``summary.*``, ``metrics.jsonl`` and ``eval_*.jsonl`` in its folder, names a folder of training runs has too."""
+    if (os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MARKER))
+            and not _unmarked_demo_folder(out)):
+        raise SystemExit(f"error: --output-dir {out} is not empty and holds no demo run (no {MARKER}): the demo "
+                         "replaces runs/, world/, summary.*, metrics.jsonl and eval_*.jsonl in its folder; give a new "
+                         "or empty folder")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, MARKER), "w") as f:
+        f.write("written by python -m openrlhf_classmate.demo: it may clear its own artefacts in this folder\n")
+
+
 def clear_previous_run(out: str, gpu: bool = False) -> None:
     """Remove the artefacts a previous demo run left in ``out`` (and nothing else); ``gpu``: the GPU demo's too
-    (``settings.json`` and the stage markers)."""
+    (``settings.json`` and the stage markers). Only in a folder :func:`claim_output_dir` accepts."""
+    claim_output_dir(out)
     for name in ("metrics.jsonl", "curves.png", "summary.md", "summary.json") + (("settings.json",) if gpu else ()):
         if os.path.isfile(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
