@@ -157,7 +157,7 @@ def test_a_launch_with_load_enable_says_on_stderr_when_it_starts_fresh_and_refus
     assert str(info.value.code) == (
         f"error: --ckpt.load_enable: no complete checkpoint to resume from in {ckpt}/_actor: {ckpt}/_actor/"
         "global_step1 has no *model_states.pt file (the save did not finish). Restore the named file(s), or start "
-        "without --ckpt.load_enable (or with another --ckpt.path)")
+        "without --ckpt.load_enable in another --ckpt.path")
     (ckpt / "_actor" / "global_step1").rmdir()
     with pytest.raises(SystemExit, match=f"error: --ckpt.load_enable: {ckpt}/_actor is empty, so there is no "
                                          "checkpoint to resume from: remove that folder to start fresh there"):
@@ -197,3 +197,34 @@ def test_content_parts_pass_where_the_chat_template_renders_them(tmp_path, capsy
                         "--rollout.micro_batch_size", "1", "--classmate.model_name_or_path", policy])
     out, err = capsys.readouterr()
     assert out.strip().endswith("check passed: the run would start"), err
+
+
+def test_a_fresh_run_into_a_folder_of_earlier_checkpoints_is_refused_before_ray(tmp_path, capsys, monkeypatch):
+    # without --ckpt.load_enable a run saved into the earlier run's --ckpt.path: the rotation (--ckpt.max_num) then
+    # removed the new run's own HF folders (the earlier run's had higher step numbers) and the earlier DeepSpeed tags,
+    # leaving the two runs mixed in one folder
+    policy = save_tiny_model(str(tmp_path / "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
+                             num_heads=2)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 + 1 = ?"}],
+                                "label": json.dumps({"data_source": "gsm8k", "ground_truth": "2"})}) + "\n")
+    argv = ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
+            "--data.label_key", "label", "--data.apply_chat_template", "--rollout.n_samples_per_prompt", "2",
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--algo.advantage.estimator",
+            "group_norm", "--ckpt.save_steps", "2", "--ckpt.save_hf"]
+    launched = []
+    monkeypatch.setattr(train_ppo_ray, "run", launched.append)
+    ckpt = tmp_path / "ckpt"
+    capsys.readouterr()
+    train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])  # a new folder
+    (ckpt / "_actor" / "global_step4").mkdir(parents=True)
+    (ckpt / "global_step4_hf").mkdir()
+    with pytest.raises(SystemExit) as info:
+        train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])
+    assert str(info.value.code) == (
+        f"error: --ckpt.path {ckpt} holds checkpoints of an earlier run (_actor/global_step4, global_step4_hf): a new "
+        "run saving there (--ckpt.save_steps 2) would rotate them out and mix its own in; resume that run with "
+        "--ckpt.load_enable, or give another --ckpt.path, or move them away")
+    train_ppo_ray.main(argv[:-3] + ["--ckpt.path", str(ckpt)])  # a run that saves no checkpoint there: fine
+    assert len(launched) == 2

@@ -137,7 +137,7 @@ def choose_resume_tag(load_dir: str, zero_stage: int | None = None) -> ResumeCho
     broken = "; ".join(why for _, why in skipped)
     raise CheckpointError(
         f"no complete checkpoint to resume from in {load_dir}: {broken}. Restore the named file(s), or start "
-        "without --ckpt.load_enable (or with another --ckpt.path)"
+        "without --ckpt.load_enable in another --ckpt.path"
     )
 
 
@@ -150,7 +150,7 @@ def resume_choice(ckpt_path: str, zero_stage: int | None = None) -> ResumeChoice
     training state), DeepSpeed tags directly in ``ckpt_path`` (the ``_actor`` folder passed as ``--ckpt.path``), or
     only Hugging Face ``*_hf`` saves."""
     load_dir = os.path.join(ckpt_path, "_actor")
-    ways_out = "start without --ckpt.load_enable, or pass the --ckpt.path of the run to resume"
+    ways_out = "start without --ckpt.load_enable in another --ckpt.path, or pass the --ckpt.path of the run to resume"
     if os.path.lexists(load_dir) and not os.path.isdir(load_dir):
         raise CheckpointError(f"{load_dir} is not a folder: {ways_out}")
     choice = choose_resume_tag(load_dir, zero_stage)

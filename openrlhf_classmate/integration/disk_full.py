@@ -71,4 +71,5 @@ def no_space_message(exc: BaseException, folders: list[tuple[str, str]], ckpt_pa
     resume = (f"; {os.path.join(ckpt_path, '_actor', 'latest')} still names {tag}, the last complete checkpoint "
               "(--ckpt.load_enable resumes from it)") if tag else ""
     return (f"error: no space left on {path} ({flag}; {left // (1024 * 1024)} MiB free) while the run was writing: "
-            f"free some space or lower --ckpt.max_num{resume}")
+            "free some space, e.g. by removing old checkpoints (a save needs room for --ckpt.max_num + 1 of them: "
+            f"the oldest goes only after the new one is complete){resume}")

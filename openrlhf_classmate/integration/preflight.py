@@ -19,6 +19,7 @@ Only tokenizers and model configs are loaded; nothing touches a GPU.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -313,6 +314,7 @@ def check_resume(args: SimpleNamespace, report: PreflightReport) -> None:
     from openrlhf_classmate.integration.checkpoints import CheckpointError, resume_choice
 
     if not args.ckpt.load_enable:
+        check_fresh_ckpt_path(args)
         return
     load_dir = os.path.join(args.ckpt.path, "_actor")
     try:
@@ -324,6 +326,24 @@ def check_resume(args: SimpleNamespace, report: PreflightReport) -> None:
         return
     report.warnings.extend(choice.notes(load_dir))
     report.lines.append(f"--ckpt.load_enable: resumes from {os.path.join(load_dir, choice.tag)}")
+
+
+def check_fresh_ckpt_path(args: SimpleNamespace) -> None:
+    """A run that starts fresh and saves checkpoints must not save them among an earlier run's: the rotation
+    (``--ckpt.max_num``, by step number) would remove the earlier run's tags and the new run's own HF folders, and
+    leave the two runs mixed in one folder."""
+    save_steps = args.ckpt.save_steps
+    if not (isinstance(save_steps, int | float) and 0 < save_steps < float("inf")):
+        return
+    path = args.ckpt.path
+    found = sorted(os.path.relpath(p, path) for p in glob.glob(os.path.join(path, "_*", "global_step*"))
+                   + glob.glob(os.path.join(path, "_*", "latest")) + glob.glob(os.path.join(path, "global_step*_hf")))
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise PreflightError(
+            f"--ckpt.path {path} holds checkpoints of an earlier run ({shown}): a new run saving there "
+            f"(--ckpt.save_steps {save_steps}) would rotate them out and mix its own in; resume that run with "
+            "--ckpt.load_enable, or give another --ckpt.path, or move them away")
 
 
 def check_chunked_logprobs_model(args: SimpleNamespace, report: PreflightReport) -> None:
