@@ -42,7 +42,14 @@ from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims)
 from openrlhf_classmate.eval import readers, sweep
-from openrlhf_classmate.eval.common import EvaluationError, log, unless_failed, write_json, write_jsonl
+from openrlhf_classmate.eval.common import (
+    EvaluationError,
+    hold_output_dir,
+    log,
+    unless_failed,
+    write_json,
+    write_jsonl,
+)
 from openrlhf_classmate.eval.common import load_tokenizer as _load_tokenizer
 from openrlhf_classmate.eval.generation import BACKENDS, GenParams, is_greedy, make_generator, resolve_backend
 
@@ -398,7 +405,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     readers.check_reader_tokenizers(args)
     for reader in args.reader:
         _check_content_parts(rows, _load_tokenizer("--reader", reader), reader, chat_template=True)
-    os.makedirs(args.output_dir, exist_ok=True)
+    lock = hold_output_dir(args.output_dir)  # held until this evaluation has written its files
     open_id = close_id = None
     if not args.no_think:
         try:
@@ -471,6 +478,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     write_json(os.path.join(args.output_dir, "summary.json"), summary)  # written last: the sweep's "done" mark
     print(format_table(groups))
     log(f"wrote {args.output_dir}/samples.jsonl, summary.json" + (f", {', '.join(summary['plots'])}" if plots else ""))
+    lock.close()
     return summary
 
 

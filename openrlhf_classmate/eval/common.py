@@ -3,9 +3,12 @@ the user-facing error, tokenizer loading, masking failed generations, and atomic
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,13 +55,40 @@ def finite(value):
 
 
 def replace_into(path: str, write) -> None:
-    """Write through ``path + '.tmp'`` and rename: a reader (or a resumed sweep) sees the old file or the whole new
-    one, never a part."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        write(f)
-    os.replace(tmp, path)
+    """Write through a temporary file of this writer's own beside ``path`` and rename: a reader (or a resumed sweep)
+    sees the old file or the whole new one, never a part, and never a mix of two writers' rows."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def hold_output_dir(directory: str, flag: str = "--output-dir"):
+    """Create ``directory`` and hold it for this process (an exclusive ``flock`` on its ``.evaluate.lock``) until the
+    returned file is closed or the process ends: a second evaluation writing into it at the same time would replace
+    this one's files with its own, so it is refused in one line."""
+    os.makedirs(directory, exist_ok=True)
+    f = open(os.path.join(directory, ".evaluate.lock"), "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise EvaluationError(f"{flag} {directory}: another evaluation ({holder}) is writing there; wait for it to "
+                              f"finish or give another {flag}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    return f
 
 
 def write_json(path: str, data: Any) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from openrlhf_classmate.eval.common import EvaluationError, load_tokenizer, log, write_json
+from openrlhf_classmate.eval.common import EvaluationError, hold_output_dir, load_tokenizer, log, write_json
 
 ENTRY = "sweep_entry.json"
 # flags that change how fast, where or how verbosely, never what is measured: left out of the resume check
@@ -238,6 +238,7 @@ def run_sweep(args, evaluate_one: Callable[[argparse.Namespace], dict], check: C
             except ValueError as e:
                 raise EvaluationError(f"{flag} {ckpt.path}: {e} (set --think-open/--think-close, or --no-think)"
                                       ) from None
+    lock = hold_output_dir(out_dir)  # a second sweep into the same folder would replace this one's entries
     settings = settings_of(args)
     done = {c.name: _done(out_dir, c, settings) for c in checkpoints}
     todo = [c for c in checkpoints if done[c.name] is None]
@@ -262,6 +263,7 @@ def run_sweep(args, evaluate_one: Callable[[argparse.Namespace], dict], check: C
     write_csv(os.path.join(out_dir, "sweep.csv"), entries)
     result["plots"] = [] if args.no_plot else [os.path.basename(p) for p in write_plots(entries, out_dir)]
     write_json(os.path.join(out_dir, "sweep.json"), result)
+    lock.close()
     print(sweep_table(entries))
     log(f"wrote {out_dir}/sweep.json, sweep.csv" + "".join(f", {p}" for p in result["plots"]))
     return result
