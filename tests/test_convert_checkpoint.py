@@ -280,3 +280,18 @@ def test_push_flag_of_the_entry_point(tmp_path, monkeypatch, capsys):
     uploads = [c[1] for c in FakeHfApi.calls if c[0] == "upload_folder"]
     assert [u["revision"] for u in uploads] == ["global_step7"]  # the tag names the branch
     assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["pushed"] == ["global_step7"]
+
+
+def test_overwrite_replaces_only_a_model_folder(tmp_path, capsys):
+    # a typo (models/ for models/step2) with --overwrite deleted every model in models/ and a README beside them
+    ckpt = _fake_checkpoint(tmp_path, hf=True)
+    models = tmp_path / "models"
+    (models / "step1_model").mkdir(parents=True)
+    (models / "step1_model" / "config.json").write_text("{}")
+    (models / "README.md").write_text("notes")
+    before = _files(tmp_path)
+    assert cc.main([str(ckpt), str(models), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: OUT_DIR {models} holds folders (step1_model/) and no config.json: --overwrite "
+                          "replaces a converted model's folder, not a folder of models") and err.count("\n") == 1
+    assert _files(tmp_path) == before

@@ -18,7 +18,8 @@ Steps:
    forward pass must match those of a model built from the checkpoint state dict (with the same rounding). The
    logit difference to the unrounded fp32 weights is reported too.
 5. Everything is written to a temporary sibling of ``OUT_DIR`` and renamed into place only after verification, so
-   ``OUT_DIR`` never holds a half-written model. An existing ``OUT_DIR`` is an error unless ``--overwrite``; an
+   ``OUT_DIR`` never holds a half-written model. An existing ``OUT_DIR`` is an error unless ``--overwrite``, which
+   replaces only an earlier conversion's folder (flat, with ``config.json``) or an empty one; an
    ``OUT_DIR`` that is, contains or lies inside the checkpoint folder (``--ckpt.path`` or its ``_actor``) or the
    base model folder is always an error (replacing it would delete the input).
 6. ``--push-to-hub REPO``: ``HfApi.create_repo`` (exist_ok), ``create_branch`` (one branch per checkpoint, named
@@ -318,6 +319,8 @@ def convert(
     check_output_outside_inputs(out_dir, root, base)  # before the --overwrite check: never suggest replacing an input
     if os.path.exists(out_dir) and not overwrite:
         raise ConversionError(f"{out_dir} exists; pass --overwrite to replace it")
+    if os.path.isdir(out_dir):
+        check_replaceable(out_dir)
     _check_base_config(base)  # before the (long) weight reconstruction
     report = ConversionReport(checkpoint=root, tag=tag, base_model=base, output_dir=out_dir, dtype=dtype)
     log(f"converting {root} tag {tag} (base model {base}) -> {out_dir} [{dtype}]")
@@ -382,6 +385,20 @@ def _verify(model, out: str, ids: list[int], logits_fp32, report: ConversionRepo
     log(f"verified: {len(expected)} tensors equal the checkpoint's ({report.dtype}); logits of a {len(ids)}-token "
         f"forward pass match (max |diff| {logit_diff:.2e}; {report.max_logit_diff_vs_fp32:.2e} vs the unrounded "
         "fp32 weights)")
+
+
+def check_replaceable(out_dir: str) -> None:
+    """``--overwrite`` replaces an earlier conversion's folder (flat, with its ``config.json``) or an empty one, never
+    a folder of models or anything else a mistyped OUT_DIR may name."""
+    names = os.listdir(out_dir)
+    folders = sorted(n + "/" for n in names if os.path.isdir(os.path.join(out_dir, n)))
+    if not folders and (not names or "config.json" in names):
+        return
+    what = (f"holds folders ({', '.join(folders[:3])}{', ...' if len(folders) > 3 else ''})" if folders
+            else "holds files but")
+    what += "" if "config.json" in names else (" and no config.json" if folders else " no config.json")
+    raise ConversionError(f"OUT_DIR {out_dir} {what}: --overwrite replaces a converted model's folder, not a folder "
+                          "of models or other files; name the model's own folder")
 
 
 def _install(tmp: str, out_dir: str) -> None:
