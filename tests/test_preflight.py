@@ -127,21 +127,25 @@ def test_gae_is_refused_where_the_registry_reward_can_mark_scores_invalid():
         check_estimator_masks_invalid_scores(parse_args(base + ["--algo.advantage.estimator", estimator]))
 
 
+def _launch_argv(tmp_path) -> list[str]:
+    """A launch of a tiny local policy on a one-row dataset (what ``main`` needs up to the point where Ray starts)."""
+    policy = save_tiny_model(str(tmp_path / "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
+                             num_heads=2)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 + 1 = ?"}],
+                                "label": json.dumps({"data_source": "gsm8k", "ground_truth": "2"})}) + "\n")
+    return ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
+            "--data.label_key", "label", "--data.apply_chat_template", "--rollout.n_samples_per_prompt", "2",
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--algo.advantage.estimator",
+            "group_norm"]
+
+
 def test_a_launch_with_load_enable_says_on_stderr_when_it_starts_fresh_and_refuses_a_folder_without_a_tag(
         tmp_path, capsys, monkeypatch):
     """The real launch path (``main`` without ``--check``) up to the point where Ray would start: ``run`` is
     replaced by a recorder, so the test sees exactly what a user sees before training begins."""
-    policy = save_tiny_model(str(tmp_path / "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
-                             num_heads=2)
-    chat = [{"role": "user", "content": "1 + 1 = ?"}]
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"prompt": chat, "label": json.dumps({"data_source": "gsm8k", "ground_truth": "2"})})
-                    + "\n")
-    argv = ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
-            "--data.label_key", "label", "--data.apply_chat_template", "--rollout.n_samples_per_prompt", "2",
-            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--algo.advantage.estimator",
-            "group_norm", "--ckpt.load_enable"]
+    argv = _launch_argv(tmp_path) + ["--ckpt.load_enable"]
     launched = []
     monkeypatch.setattr(train_ppo_ray, "run", launched.append)
     ckpt = tmp_path / "ckpt"
@@ -203,16 +207,7 @@ def test_a_fresh_run_into_a_folder_of_earlier_checkpoints_is_refused_before_ray(
     # without --ckpt.load_enable a run saved into the earlier run's --ckpt.path: the rotation (--ckpt.max_num) then
     # removed the new run's own HF folders (the earlier run's had higher step numbers) and the earlier DeepSpeed tags,
     # leaving the two runs mixed in one folder
-    policy = save_tiny_model(str(tmp_path / "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
-                             num_heads=2)
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 + 1 = ?"}],
-                                "label": json.dumps({"data_source": "gsm8k", "ground_truth": "2"})}) + "\n")
-    argv = ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
-            "--data.label_key", "label", "--data.apply_chat_template", "--rollout.n_samples_per_prompt", "2",
-            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--algo.advantage.estimator",
-            "group_norm", "--ckpt.save_steps", "2", "--ckpt.save_hf"]
+    argv = _launch_argv(tmp_path) + ["--ckpt.save_steps", "2", "--ckpt.save_hf"]
     launched = []
     monkeypatch.setattr(train_ppo_ray, "run", launched.append)
     ckpt = tmp_path / "ckpt"
