@@ -131,16 +131,21 @@ def test_the_demo_clears_only_a_folder_it_wrote(tmp_path):
     (foreign / "runs" / "classmate_gdpo" / "ckpt").mkdir(parents=True)
     (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").write_text("global_step100")
     (foreign / "summary.json").write_text("{}")
-    with pytest.raises(SystemExit, match=r"^error: --output-dir .*mine is not empty and holds no demo run"):
+    with pytest.raises(SystemExit, match=r"^error: --output-dir .*mine holds runs/, summary.json, which no demo run "
+                                         r"wrote \(no \.openrlhf_classmate_demo\)"):
         clear_previous_run(str(foreign))
     assert (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").read_text() == "global_step100"
     res = subprocess.run([sys.executable, "-m", "openrlhf_classmate.demo", "--quick", "--output-dir", str(foreign)],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
     assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: --output-dir")
     assert (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").exists() and (foreign / "summary.json").exists()
-    # a new or empty folder is claimed (the marker), and a folder the demo wrote is cleared of its artefacts only
+    # a new folder, or one with only files the demo never replaces (a log redirected there before it starts), is
+    # claimed (the marker), and a folder the demo wrote is cleared of its artefacts only
     ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "demo.log").write_text("")
     clear_previous_run(str(ours))
+    assert (ours / "demo.log").exists()
     assert (ours / MARKER).exists()
     (ours / "runs").mkdir()
     (ours / "notes.txt").write_text("kept")

@@ -33,12 +33,15 @@ _DEMO_ENTRIES = {"metrics.jsonl", "curves.png", "summary.md", "summary.json", "s
                  "stages"}
 
 
+def _clearable(out: str) -> list[str]:
+    """The entries of ``out`` that :func:`clear_previous_run` would remove (everything else it never touches)."""
+    return sorted(n + ("/" if os.path.isdir(os.path.join(out, n)) else "") for n in os.listdir(out)
+                  if n in _DEMO_ENTRIES or (n.startswith("eval_") and n.endswith(".jsonl")))
+
+
 def _unmarked_demo_folder(out: str) -> bool:
-    """A folder a demo run wrote before :data:`MARKER` existed: only the demo's entries, and its summary or GPU
-    settings naming a seed and RL settings."""
-    names = os.listdir(out)
-    if not all(n in _DEMO_ENTRIES or (n.startswith("eval_") and n.endswith(".jsonl")) for n in names):
-        return False
+    """A folder a demo run wrote before :data:`MARKER` existed: its summary or GPU settings name a seed and RL
+    settings."""
     for name in ("summary.json", "settings.json"):
         try:
             with open(os.path.join(out, name)) as f:
@@ -50,14 +53,16 @@ def _unmarked_demo_folder(out: str) -> bool:
 
 
 def claim_output_dir(out: str) -> None:
-    """Make ``out`` the demo's folder: a new or empty one, or one holding an earlier demo run (:data:`MARKER`). Any
-    other folder is refused in one line before anything in it is touched: the demo replaces ``runs/``, ``world/``,
-    ``summary.*``, ``metrics.jsonl`` and ``eval_*.jsonl`` in its folder, names a folder of training runs has too."""
-    if (os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MARKER))
-            and not _unmarked_demo_folder(out)):
-        raise SystemExit(f"error: --output-dir {out} is not empty and holds no demo run (no {MARKER}): the demo "
-                         "replaces runs/, world/, summary.*, metrics.jsonl and eval_*.jsonl in its folder; give a new "
-                         "or empty folder")
+    """Make ``out`` the demo's folder: a new one, one holding none of the entries the demo replaces (a log file the
+    user redirected there is fine), or one an earlier demo run wrote (:data:`MARKER`). A folder whose ``runs/``,
+    ``world/``, ``summary.*``, ... some other program wrote (a folder of training runs has a ``runs/``) is refused
+    in one line before anything in it is touched."""
+    if os.path.isdir(out) and not os.path.exists(os.path.join(out, MARKER)):
+        found = _clearable(out)
+        if found and not _unmarked_demo_folder(out):
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise SystemExit(f"error: --output-dir {out} holds {shown}, which no demo run wrote (no {MARKER}): the "
+                             "demo replaces these names in its folder; give a new or empty folder")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, MARKER), "w") as f:
         f.write("written by python -m openrlhf_classmate.demo: it may clear its own artefacts in this folder\n")
