@@ -141,6 +141,19 @@ def choose_resume_tag(load_dir: str, zero_stage: int | None = None) -> ResumeCho
     )
 
 
+def saved_checkpoints(ckpt_path: str) -> list[str]:
+    """What earlier runs saved under ``ckpt_path``, relative to it: the DeepSpeed tags and ``latest`` of its ``_*``
+    folders (``_actor``, ``_critic``) and the ``*_hf`` folders of ``--ckpt.save_hf``."""
+    found = []
+    for name in sorted(os.listdir(ckpt_path)) if os.path.isdir(ckpt_path) else []:
+        sub = os.path.join(ckpt_path, name)
+        if name.startswith("_") and os.path.isdir(sub):
+            found += [f"{name}/{t}" for t in sorted(os.listdir(sub)) if t == "latest" or tag_step(t) is not None]
+        elif _HF_RE.match(name):
+            found.append(name)
+    return found
+
+
 def resume_choice(ckpt_path: str, zero_stage: int | None = None) -> ResumeChoice | None:
     """What ``--ckpt.load_enable`` with ``--ckpt.path ckpt_path`` loads: the tag of ``<ckpt_path>/_actor``
     (:func:`choose_resume_tag`), or None for a fresh start because nothing was saved there yet.

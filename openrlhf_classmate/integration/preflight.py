@@ -19,7 +19,6 @@ Only tokenizers and model configs are loaded; nothing touches a GPU.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -335,9 +334,10 @@ def check_fresh_ckpt_path(args: SimpleNamespace) -> None:
     save_steps = args.ckpt.save_steps
     if not (isinstance(save_steps, int | float) and 0 < save_steps < float("inf")):
         return
+    from openrlhf_classmate.integration.checkpoints import saved_checkpoints
+
     path = args.ckpt.path
-    found = sorted(os.path.relpath(p, path) for p in glob.glob(os.path.join(path, "_*", "global_step*"))
-                   + glob.glob(os.path.join(path, "_*", "latest")) + glob.glob(os.path.join(path, "global_step*_hf")))
+    found = saved_checkpoints(path)
     if found:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise PreflightError(
