@@ -29,14 +29,16 @@ STYLE_LABELS = {"skip": "skip-last"}  # a CoT shape's name in summary.md
 MARKER = ".openrlhf_classmate_demo"  # written into every folder the demo uses: what it may clear later
 
 
-_DEMO_ENTRIES = {"metrics.jsonl", "curves.png", "summary.md", "summary.json", "settings.json", "runs", "world",
-                 "stages"}
+# what clear_previous_run removes, besides eval_*.jsonl: (files, folders) of every demo run, and the GPU demo's too
+RUN_ARTEFACTS = (("metrics.jsonl", "curves.png", "summary.md", "summary.json"), ("runs", "world"))
+GPU_ARTEFACTS = (("settings.json",), ("stages",))
 
 
 def _clearable(out: str) -> list[str]:
     """The entries of ``out`` that :func:`clear_previous_run` would remove (everything else it never touches)."""
+    names = {*RUN_ARTEFACTS[0], *RUN_ARTEFACTS[1], *GPU_ARTEFACTS[0], *GPU_ARTEFACTS[1]}
     return sorted(n + ("/" if os.path.isdir(os.path.join(out, n)) else "") for n in os.listdir(out)
-                  if n in _DEMO_ENTRIES or (n.startswith("eval_") and n.endswith(".jsonl")))
+                  if n in names or (n.startswith("eval_") and n.endswith(".jsonl")))
 
 
 def _unmarked_demo_folder(out: str) -> bool:
@@ -72,12 +74,15 @@ def clear_previous_run(out: str, gpu: bool = False) -> None:
     """Remove the artefacts a previous demo run left in ``out`` (and nothing else); ``gpu``: the GPU demo's too
     (``settings.json`` and the stage markers). Only in a folder :func:`claim_output_dir` accepts."""
     claim_output_dir(out)
-    for name in ("metrics.jsonl", "curves.png", "summary.md", "summary.json") + (("settings.json",) if gpu else ()):
+    files, folders = RUN_ARTEFACTS
+    if gpu:
+        files, folders = files + GPU_ARTEFACTS[0], folders + GPU_ARTEFACTS[1]
+    for name in files:
         if os.path.isfile(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
     for name in glob.glob(os.path.join(out, "eval_*.jsonl")):
         os.remove(name)
-    for name in ("runs", "world") + (("stages",) if gpu else ()):
+    for name in folders:
         if os.path.isdir(os.path.join(out, name)):
             shutil.rmtree(os.path.join(out, name))
 
