@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import ray
@@ -127,6 +128,15 @@ def _broadcast_valid_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Te
     values = values.float()
     mean = values[valid].mean() if valid.any() else torch.tensor(0.0)
     return torch.where(valid, values, mean)
+
+
+def _in_rollout_order(experiences, values: Callable, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[N]: ``values(experience)`` (one per row) of every micro-batch experience, at the rollout indices its rows
+    carry (``experience.index``)."""
+    out = torch.zeros(sum(len(exp.index) for exp in experiences), dtype=dtype)
+    for exp in experiences:
+        out[torch.tensor(exp.index)] = values(exp).to(dtype)
+    return out
 
 
 def _logged_group_std(values: torch.Tensor, group: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -316,9 +326,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         """What upstream's estimator reads, in rollout order: penalised rewards, KL return, baseline, clip, whitening."""
         args = self.args
         size = len(samples)
-        rewards = torch.zeros(size, dtype=torch.float64)
-        for exp in experiences:
-            rewards[torch.tensor(exp.index)] = exp.rewards.double()  # after upstream's length penalties
+        rewards = _in_rollout_order(experiences, lambda e: e.rewards, torch.float64)  # after upstream's penalties
         kl_return = None
         if any(kl is not None and bool((kl != 0).any()) for kl in self._kl):
             kl_return = torch.zeros(size, width)
@@ -408,9 +416,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         values, which no placeholder entered, and only leaves the invalid rows out of the mean."""
         size = len(main_valid)
         if main_scalar is None:
-            returns = torch.zeros(size)
-            for exp in experiences:
-                returns[torch.tensor(exp.index)] = exp.info["return"].float()
+            returns = _in_rollout_order(experiences, lambda e: e.info["return"])
         else:
             returns = main_scalar.float().clone()
             if kl_return is not None:
@@ -419,9 +425,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         returns = _broadcast_valid_mean(returns, main_valid)
         stds = None
         if any("group_reward_std" in exp.info for exp in experiences):
-            rewards = torch.zeros(size)
-            for exp in experiences:
-                rewards[torch.tensor(exp.index)] = exp.rewards.float()
+            rewards = _in_rollout_order(experiences, lambda e: e.rewards)
             stds = _logged_group_std(rewards, torch.arange(size) // self.args.rollout.n_samples_per_prompt,
                                      main_valid)
         for exp in experiences:
@@ -457,10 +461,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
     def _log_main(self, experiences, main_valid, step_metrics: dict[str, float] | None = None) -> None:
         """``reward`` over valid main scores only (upstream logs the mean of ``info["reward"]``), plus per-step
         metrics (broadcast to every sample, so upstream's sample-weighted mean is the value itself)."""
-        rewards = torch.zeros(len(main_valid))
-        for exp in experiences:
-            rewards[torch.tensor(exp.index)] = exp.info["reward"].float()
-        logged = _broadcast_valid_mean(rewards, main_valid)
+        logged = _broadcast_valid_mean(_in_rollout_order(experiences, lambda e: e.info["reward"]), main_valid)
         for exp in experiences:
             index = torch.tensor(exp.index)
             exp.info["reward"] = logged[index]
@@ -473,10 +474,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         """The ``classmate/*`` metrics into each experience's ``info`` (one value per sample; per-step values are
         broadcast, so upstream's sample-weighted mean is the value itself)."""
         group = torch.arange(len(samples)) // self.args.rollout.n_samples_per_prompt
-        main_rewards = torch.zeros(len(samples))
-        for exp in experiences:
-            main_rewards[torch.tensor(exp.index)] = exp.rewards.float()
-        main_std = _logged_group_std(main_rewards, group, main_valid)
+        main_std = _logged_group_std(_in_rollout_order(experiences, lambda e: e.rewards), group, main_valid)
         classmate_std = _logged_group_std(result.reward, group, result.valid)
         classmate_reward = _broadcast_valid_mean(result.reward, result.valid)
         classmate_raw_mean = _broadcast_valid_mean(result.raw_mean, result.valid)
