@@ -51,6 +51,7 @@ def filter_decision(scores: Sequence[float], valid: Sequence[bool], score_range:
 
 class ClassmateSamplesGenerator(SamplesGenerator):
     invalid_groups = 0  # groups dropped for having no valid score
+    _nonfinite = 0  # rewards of the batch being generated that arrived non-finite (said once per batch)
     seen_valid_score = False
     # set by the controller where the classmate requests go out per prompt group: the classmate stage's dispatch,
     # and whether the next rollout batch sends them so (the step-time benchmark's controls can say no)
@@ -65,7 +66,7 @@ class ClassmateSamplesGenerator(SamplesGenerator):
             samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
         finally:
             self._dispatching = False
-            warn_nonfinite_main(getattr(self, "_nonfinite", 0))
+            warn_nonfinite_main(self._nonfinite)
             self._nonfinite = 0
         if early and samples:
             parts = [p for _, p in self._early]
@@ -83,7 +84,7 @@ class ClassmateSamplesGenerator(SamplesGenerator):
         experience = super()._process_response_into_experience(response, **generate_kwargs)
         if experience.rewards is not None or experience.scores is not None:
             experience.info.setdefault("main_valid", torch.ones(1))
-            self._nonfinite = getattr(self, "_nonfinite", 0) + invalidate_nonfinite_main([experience])
+            self._nonfinite += invalidate_nonfinite_main([experience])
         return experience
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
