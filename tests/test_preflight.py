@@ -127,6 +127,13 @@ def test_gae_is_refused_where_the_registry_reward_can_mark_scores_invalid():
         check_estimator_masks_invalid_scores(parse_args(base + ["--algo.advantage.estimator", estimator]))
 
 
+def _refusal(argv: list[str]) -> str:
+    """The one line a launch with ``argv`` stops with (``main`` raising ``SystemExit``)."""
+    with pytest.raises(SystemExit) as info:
+        train_ppo_ray.main(argv)
+    return str(info.value.code)
+
+
 def _launch_argv(tmp_path) -> list[str]:
     """A launch of a tiny local policy on a one-row dataset (what ``main`` needs up to the point where Ray starts)."""
     policy = save_tiny_model(str(tmp_path / "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
@@ -156,9 +163,7 @@ def test_a_launch_with_load_enable_says_on_stderr_when_it_starts_fresh_and_refus
     assert warnings == [f"warning: --ckpt.load_enable: no checkpoint in {ckpt}/_actor yet, the run starts from step 0"]
 
     (ckpt / "_actor" / "global_step1").mkdir(parents=True)  # a save that died before its first file
-    with pytest.raises(SystemExit) as info:
-        train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])
-    assert str(info.value.code) == (
+    assert _refusal(argv + ["--ckpt.path", str(ckpt)]) == (
         f"error: --ckpt.load_enable: no complete checkpoint to resume from in {ckpt}/_actor: {ckpt}/_actor/"
         "global_step1 has no *model_states.pt file (the save did not finish). Restore the named file(s), or start "
         "without --ckpt.load_enable in another --ckpt.path")
@@ -215,9 +220,7 @@ def test_a_fresh_run_into_a_folder_of_earlier_checkpoints_is_refused_before_ray(
     train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])  # a new folder
     (ckpt / "_actor" / "global_step4").mkdir(parents=True)
     (ckpt / "global_step4_hf").mkdir()
-    with pytest.raises(SystemExit) as info:
-        train_ppo_ray.main(argv + ["--ckpt.path", str(ckpt)])
-    assert str(info.value.code) == (
+    assert _refusal(argv + ["--ckpt.path", str(ckpt)]) == (
         f"error: --ckpt.path {ckpt} holds checkpoints of an earlier run (_actor/global_step4, global_step4_hf): a new "
         "run saving there (--ckpt.save_steps 2) would rotate them out and mix its own in; resume that run with "
         "--ckpt.load_enable, or give another --ckpt.path, or move them away")
