@@ -529,6 +529,24 @@ def test_calls_of_an_earlier_machine_count_with_this_one():
     assert step_time.earlier_calls(here, {**here, "calls": [second]}, first, path) == calls + [second]
 
 
+def test_the_committed_two_call_step_time_follows_from_its_steps():
+    # issue 26's figure (GDPO / GRPO 1.053 and 1.072, two H100 machines, 2026-11-28): each call's ratio is the ratio
+    # of the median step totals of its steady steps, recomputed here from the per-step seconds the JSON keeps
+    step_time = _bench("step_time")
+    path = os.path.join(REPO, "bench", "gpu_results", "wave8", "step_time_1gpu_interleaved_share.json")
+    result = json.load(open(path))
+    assert result["previous"].endswith("wave7/step_time_1gpu_interleaved_share.json")
+    ratios = []
+    for call in result["calls"]:
+        totals = {kind: sorted(call[kind]["per_step"]["timing/step_total"].values()) for kind in ("gdpo", "grpo")}
+        assert [len(v) for v in totals.values()] == [13, 13]
+        ratios.append(round(totals["gdpo"][6] / totals["grpo"][6], 3))  # the median of 13
+    assert ratios == [1.053, 1.072]
+    combined = step_time.combine_calls(result["calls"])
+    assert combined == {k: result[k] for k in combined}
+    assert combined["ratios"] == ratios and combined["call_spread"] == 0.019 and combined["calls_agree"]
+
+
 def test_an_earlier_call_of_other_settings_is_refused_before_the_run():
     step_time = _bench("step_time")
     path = os.path.join(REPO, "bench", "gpu_results", "wave7", "step_time_1gpu_interleaved_share.json")
