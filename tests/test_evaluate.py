@@ -3,6 +3,7 @@
 server, and the input errors."""
 
 import json
+import os
 import re
 from types import SimpleNamespace
 
@@ -288,6 +289,27 @@ def test_monitor_and_judge_scoring_against_the_fake_judge(world, tmp_path, fake_
 
 
 # ── input errors ──
+
+
+def test_an_earlier_evaluation_in_the_output_dir_is_kept_unless_overwrite(world, tmp_path, capsys):
+    # a second evaluation into the same --output-dir replaced the first's samples.jsonl and summary.json without a word
+    out = tmp_path / "eval"
+    argv = ["--model", world["policy"], "--data", world["data"], "--output-dir", str(out), "--backend", "hf",
+            "--max-new-tokens", "4", "--limit", "2", "--no-plot", "--quiet"]
+    assert ev.main(argv) == 0
+    first = {name: (out / name).read_bytes() for name in ("samples.jsonl", "summary.json")}
+    capsys.readouterr()
+    assert ev.main(argv[:-4] + ["--limit", "3", "--no-plot", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --output-dir {out} holds an earlier evaluation (summary.json: {world['policy']} on "
+                   f"{world['data']}, 2 prompts); give another --output-dir, or --overwrite to replace it"]
+    assert {name: (out / name).read_bytes() for name in first} == first
+    # an unfinished evaluation (samples.jsonl without summary.json, e.g. a crash) is no result: evaluated again
+    os.remove(out / "summary.json")
+    assert ev.main(argv[:-4] + ["--limit", "3", "--no-plot", "--quiet"]) == 0
+    assert json.load(open(out / "summary.json"))["prompts"] == 3
+    assert ev.main(argv + ["--overwrite"]) == 0
+    assert json.load(open(out / "summary.json"))["prompts"] == 2 and len(_rows(out / "samples.jsonl")) == 2
 
 
 def test_clear_errors(world, tmp_path, capsys):

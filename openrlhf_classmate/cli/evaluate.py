@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
+    out.add_argument("--overwrite", action="store_true",
+                     help="replace an earlier evaluation's files in --output-dir (refused otherwise; a sweep "
+                          "re-evaluates its own checkpoint folders as its sweep_entry.json files say)")
     refuse_non_finite(p)  # every float flag: NaN / inf refused when read, one error line
     return p
 
@@ -276,6 +279,23 @@ def _check_paths(args) -> None:
         raise EvaluationError(f"--output-dir {args.output_dir} {what}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise EvaluationError(f"--output-dir {args.output_dir} is not writable")
+    _check_no_earlier_evaluation(args)
+
+
+def _check_no_earlier_evaluation(args) -> None:
+    """A finished evaluation (its ``summary.json``, written last) is not replaced without ``--overwrite``: it may
+    have taken hours of generation. An unfinished one (samples but no summary) is no result and is redone."""
+    path = os.path.join(args.output_dir, "summary.json")
+    if getattr(args, "overwrite", False) or not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            earlier = json.load(f)
+        what = f"{earlier['model']} on {earlier['data']}, {earlier['prompts']} prompts"
+    except (OSError, ValueError, KeyError, TypeError):
+        what = "unreadable"
+    raise EvaluationError(f"--output-dir {args.output_dir} holds an earlier evaluation (summary.json: {what}); give "
+                          "another --output-dir, or --overwrite to replace it")
 
 
 def _check_args(args, rows: list[Row]) -> None:

@@ -223,7 +223,10 @@ def run_sweep(args, evaluate_one: Callable[[argparse.Namespace], dict], check: C
     out_dir = args.output_dir
 
     def one(ckpt: Checkpoint) -> argparse.Namespace:
-        return argparse.Namespace(**{**vars(args), "model": ckpt.path, "output_dir": os.path.join(out_dir, ckpt.name)})
+        # overwrite: the sweep's own folders, whose sweep_entry.json (_done) says what is finished and with which
+        # settings; a folder with a summary but no entry was cut off before its entry and is evaluated again
+        return argparse.Namespace(**{**vars(args), "model": ckpt.path, "output_dir": os.path.join(out_dir, ckpt.name),
+                                     "overwrite": True})
 
     check(one(checkpoints[0]))  # the data, the flags, the readers: before any engine starts
     readers.check_reader_tokenizers(args)
