@@ -122,44 +122,14 @@ def test_quick_demo_summary_shows_the_transfer_curve_of_the_evaluate_sweep(quick
     assert row in summary_md and "step  10: classmate accuracy after 0/25/50/75/100% of the CoT" in log
 
 
-def test_the_demo_clears_only_a_folder_it_wrote(tmp_path):
-    # a folder of earlier training runs given as --output-dir: the demo deleted its runs/, world/ and summary.* (the
-    # names of its own artefacts) before its first stage; now it refuses before touching anything
-    from openrlhf_classmate.demo.report import MARKER, clear_previous_run
-
+def test_the_demo_refuses_a_folder_it_did_not_write_before_touching_it(tmp_path):
+    # the command line of tests/test_demo_folder.py's rule: one error line, the folder as it was
     foreign = tmp_path / "mine"
     (foreign / "runs" / "classmate_gdpo" / "ckpt").mkdir(parents=True)
     (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").write_text("global_step100")
     (foreign / "summary.json").write_text("{}")
-    with pytest.raises(SystemExit, match=r"^error: --output-dir .*mine holds runs/, summary.json, which no demo run "
-                                         r"wrote \(no \.openrlhf_classmate_demo\)"):
-        clear_previous_run(str(foreign))
-    assert (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").read_text() == "global_step100"
     res = subprocess.run([sys.executable, "-m", "openrlhf_classmate.demo", "--quick", "--output-dir", str(foreign)],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
-    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: --output-dir")
-    assert (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").exists() and (foreign / "summary.json").exists()
-    # a new folder, or one with only files the demo never replaces (a log redirected there before it starts), is
-    # claimed (the marker), and a folder the demo wrote is cleared of its artefacts only
-    ours = tmp_path / "ours"
-    ours.mkdir()
-    (ours / "demo.log").write_text("")
-    clear_previous_run(str(ours))
-    assert (ours / "demo.log").exists()
-    assert (ours / MARKER).exists()
-    (ours / "runs").mkdir()
-    (ours / "notes.txt").write_text("kept")
-    clear_previous_run(str(ours))
-    assert not (ours / "runs").exists() and (ours / "notes.txt").read_text() == "kept"
-
-
-def test_a_demo_folder_written_before_the_marker_is_still_the_demos(tmp_path):
-    from openrlhf_classmate.demo.report import MARKER, clear_previous_run
-
-    old = tmp_path / "outputs_demo"
-    (old / "runs" / "classmate").mkdir(parents=True)
-    (old / "world").mkdir()
-    (old / "summary.json").write_text(json.dumps({"seed": 0, "quick": False, "rl": {}, "world": {}}))
-    (old / "eval_before.jsonl").write_text("")
-    clear_previous_run(str(old))
-    assert sorted(os.listdir(old)) == [MARKER]
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith(f"error: --output-dir {foreign} ")
+    assert (foreign / "runs" / "classmate_gdpo" / "ckpt" / "latest").read_text() == "global_step100"
+    assert sorted(os.listdir(foreign)) == ["runs", "summary.json"]
