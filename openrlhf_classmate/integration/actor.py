@@ -33,6 +33,7 @@ from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
+from openrlhf_classmate.integration import ports
 from openrlhf_classmate.integration.chunked_actor import (
     ChunkedLogprobActor,
     check_model_config,
@@ -208,7 +209,15 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         return status
 
 
+def _master_port() -> int:
+    """Rank 0's master port for its group (upstream's ``__init__`` asks ``self._get_free_port()``): one below the
+    kernel's ephemeral range, which no outgoing connection can take before the TCPStore binds it (``ports``)."""
+    return ports.free_port()
+
+
 class ClassmatePolicyModelActor(PolicyModelActor.__ray_actor_class__):
+    _get_free_port = staticmethod(_master_port)
+
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         install_actor_trainer(ClassmateActorPPOTrainer)
         chunked = install_worker_actor(strategy.args)
@@ -277,6 +286,8 @@ class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
     """Upstream's reference worker; its ``Actor`` checks the loaded weights against the checkpoint, and with
     ``--logprobs.chunked`` (auto: by default) computes log-probs (the reference forward and VR-CLI's NLLs) through the
     chunked LM head."""
+
+    _get_free_port = staticmethod(_master_port)
 
     def init_model_from_pretrained(self, strategy, pretrain):
         chunked = install_worker_actor(strategy.args)
