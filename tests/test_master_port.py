@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from openrlhf_classmate.integration import ports
+from openrlhf_classmate import ports
 
 
 def test_the_port_is_free_and_outside_the_ephemeral_and_ray_worker_ranges():

@@ -32,8 +32,8 @@ from openrlhf.models import Actor
 from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
+from openrlhf_classmate import ports
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-from openrlhf_classmate.integration import ports
 from openrlhf_classmate.integration.chunked_actor import (
     ChunkedLogprobActor,
     check_model_config,

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(openrlhf_classmate._
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port the service started next binds: below the ephemeral range (``openrlhf_classmate.ports``)."""
+    from openrlhf_classmate.ports import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 @dataclass

@@ -21,16 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 
 CRASH_EXIT = 86
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from openrlhf_classmate.ports import free_port
+
+    return free_port()
 
 
 def make_engine(seed: int = 0):

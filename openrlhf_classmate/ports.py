@@ -1,4 +1,6 @@
-"""The master port of the actor and reference process groups (torch.distributed's TCPStore).
+"""Free TCP ports that a process binds some time after choosing them: the master port of the actor and reference
+process groups (torch.distributed's TCPStore), and the test helpers' services. Shared across the layers (as
+``errors``).
 
 Upstream's ``BaseDistributedActor._get_free_port`` binds port 0, so the kernel picks the port from its ephemeral
 range; the port is released and bound again later, by the TCPStore in ``deepspeed.init_distributed``. In between,
