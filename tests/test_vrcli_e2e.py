@@ -68,7 +68,15 @@ def test_vrcli_config_trains_two_steps_through_the_launcher(tmp_path):
     assert any(tb["train/vrcli/improvement_min"][s] < 0 < tb["train/vrcli/improvement_max"][s] for s in (1, 2))
     assert any(v != 0 for v in tb["train/policy_loss"].values())
     eval_tags = [t for t in tb if t.startswith("eval") and "vrcli" in t]
-    assert any("invalid" in t for t in eval_tags) and any("vrcli_story_pass1" in t for t in tb), sorted(tb)
+    assert any("invalid" in t for t in eval_tags), sorted(tb)
+    # pass1 over the valid eval scores: a step whose eval drew no valid plan at all has no pass1 rather than a 0
+    # (integration/eval_metrics.py; the tiny policy draws none in some runs, CI's of 2026-11-28 among them)
+    pass1 = next((tb[t] for t in tb if t.endswith("vrcli_story_pass1")), {})
+    fraction = tb.get("eval/eval_main_valid_fraction", {})
+    eval_steps = set(tb["eval/eval_num_samples"])
+    assert eval_steps, sorted(tb)
+    for step in eval_steps:
+        assert (step in pass1) == (fraction.get(step, 1.0) > 0), (step, fraction, pass1)
     change = max_weight_change(model_weights(gen), model_weights(str(root / "final")))
     assert change > 1e-4, f"policy weights did not change (max |delta| = {change})"
     with open(root / "ckpt" / "engine_weight_updates.json") as f:
