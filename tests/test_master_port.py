@@ -24,7 +24,7 @@ def test_the_port_is_free_and_outside_the_ephemeral_and_ray_worker_ranges():
 
 def test_a_port_in_use_is_not_returned(monkeypatch):
     low = ports.ephemeral_range()[0]
-    busy = next(p for p in range(ports.FIRST_PORT + 5000, low) if _bindable(p) and _bindable(p + 1))
+    busy = next(p for p in range(ports.FIRST_PORT + 5000, low) if ports._bindable(p) and ports._bindable(p + 1))
     with socket.socket() as holder:
         holder.bind(("", busy))
         holder.listen()
@@ -61,11 +61,3 @@ def test_the_actor_groups_rank_0_takes_its_master_port_from_here(name, monkeypat
     cls.__init__(worker, 1, 0, "127.0.0.1", None)  # upstream's: our classes define none
     assert worker.get_master_addr_port() == ("127.0.0.1", 23456) and os.environ["MASTER_PORT"] == "23456"
 
-
-def _bindable(port: int) -> bool:
-    try:
-        with socket.socket() as sock:
-            sock.bind(("", port))
-        return True
-    except OSError:
-        return False
