@@ -286,7 +286,7 @@ def _check_no_earlier_evaluation(args) -> None:
     """A finished evaluation (its ``summary.json``, written last) is not replaced without ``--overwrite``: it may
     have taken hours of generation. An unfinished one (samples but no summary) is no result and is redone."""
     path = os.path.join(args.output_dir, "summary.json")
-    if getattr(args, "overwrite", False) or not os.path.isfile(path):
+    if args.overwrite or not os.path.isfile(path):
         return
     try:
         with open(path, encoding="utf-8") as f:

@@ -21,15 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import openrlhf_classmate
+from openrlhf_classmate.ports import free_port  # the port a service started next binds (also for callers)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(openrlhf_classmate.__file__)))
-
-
-def free_port() -> int:
-    """A port the service started next binds: below the ephemeral range (``openrlhf_classmate.ports``)."""
-    from openrlhf_classmate.ports import free_port as below_ephemeral
-
-    return below_ephemeral()
 
 
 @dataclass

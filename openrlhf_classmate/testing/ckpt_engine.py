@@ -26,12 +26,6 @@ import sys
 CRASH_EXIT = 86
 
 
-def _free_port() -> int:
-    from openrlhf_classmate.ports import free_port
-
-    return free_port()
-
-
 def make_engine(seed: int = 0):
     """(strategy, engine) of a fresh 4-8-1 network, ZeRO-2 bf16 with AdamW, through upstream's ``prepare``."""
     import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf)
@@ -42,9 +36,10 @@ def make_engine(seed: int = 0):
 
     from openrlhf_classmate.integration.args import parse_args
     from openrlhf_classmate.integration.strategy import get_strategy
+    from openrlhf_classmate.ports import free_port
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", str(_free_port()))):
+                        ("MASTER_PORT", str(free_port()))):
         os.environ.setdefault(name, value)
     args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
                        "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--ds.zero_stage", "2",
