@@ -52,6 +52,15 @@ step (``bench/before``); the steps split into four groups as above, with the bef
 ``make experience`` and ``generation`` per kind (GRPO steps take no classmate path, so their two groups are a
 control: their difference is the run's noise). Files carry ``_before-dispatch`` / ``_before-seeds``.
 
+Several changes in one run: ``--interleave --runs gdpo --before dispatch,seeds,syncs`` times classmate GDPO steps
+only, cycling through the launcher's own path and each change's before path (``syncs``: upstream's per-key metric
+syncs, as ``--per-key-syncs``): step 1 after, 2 dispatch, 3 seeds, 4 syncs, 5 after, ... The first step of each path
+is warm-up; each change gets its before minus after rows (:data:`CHANGE_ROWS`) of the medians and of each before step
+against the after step that opened its cycle, and counts with at least ``MIN_STEADY`` steady steps on both sides.
+So one ~36-step run (9 steps per path) measures all three changes as before/after pairs in one device call, where a
+run per change under the GDPO / GRPO alternation needed ~36 steps each. The GDPO / GRPO ratio is not measured there
+(no GRPO steps). Files carry ``_gdpo-only`` and ``_before-dispatch+seeds+syncs``.
+
 ``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
 """
 
@@ -70,7 +79,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
-from openrlhf_classmate.integration.experience_maker import BENCH_BEFORE_ENV  # noqa: E402
+from openrlhf_classmate.integration.bench_switches import ALTERNATE_ENV, BEFORE_CHANGES  # noqa: E402
+from openrlhf_classmate.integration.bench_switches import BEFORE_ENV as BENCH_BEFORE_ENV  # noqa: E402
 from openrlhf_classmate.integration.strategy import PER_KEY_SYNCS_ENV  # noqa: E402
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
 from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
@@ -115,12 +125,24 @@ def variant(a) -> str:
             + {"off": "", "always": "_per-key-syncs", "alternate": "_per-key-alternate"}[a.per_key_syncs]
             + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}")
             + ("_seeded" if getattr(a, "seed_requests", False) else "")
-            + (f"_before-{a.before}" if getattr(a, "before", None) else ""))
+            + ("_gdpo-only" if gdpo_only(a) else "")
+            + (f"_before-{a.before.replace(',', '+')}" if getattr(a, "before", None) else ""))
+
+
+def gdpo_only(a) -> bool:
+    """An interleaved run of classmate GDPO steps only (``--interleave --runs gdpo``): its paths interleave, not its
+    kinds."""
+    return bool(getattr(a, "interleave", False)) and getattr(a, "runs", "grpo,gdpo") == "gdpo"
+
+
+def before_list(a) -> tuple[str, ...]:
+    """The changes of ``--before``, in order (empty without it)."""
+    return tuple(a.before.split(",")) if getattr(a, "before", None) else ()
 
 
 def launcher_env(a, interleave: bool) -> dict[str, str]:
     """The benchmark switches the launcher's processes read from the environment (never set in a training run)."""
-    env = {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"} if interleave else {}
+    env = {ALTERNATE_ENV: "1"} if interleave and not gdpo_only(a) else {}
     if a.per_key_syncs != "off":
         env[PER_KEY_SYNCS_ENV] = "1" if a.per_key_syncs == "always" else "alternate"
     if getattr(a, "before", None):
@@ -257,12 +279,17 @@ BEFORE_AFTER = ["timing/ppo_train", "actor_timing/fit", "actor_timing/micro_step
 # the same for --before (a change of the classmate stage: it shows in the experience making and, sent per prompt
 # group, in the generation)
 BEFORE_AFTER_STAGE = ["timing/generation", "timing/make_experience", "timing/step_total"]
+# the rows of each change of --before in a multi-change run: the classmate stage's changes show in its own generation
+# and critical path too (beside the policy engine, --placement share, its generation is mostly off the critical path)
+STAGE_PAIR_ROWS = BEFORE_AFTER_STAGE + ["classmate/generation_time", "classmate/wait_time"]
+CHANGE_ROWS = {"dispatch": STAGE_PAIR_ROWS, "seeds": STAGE_PAIR_ROWS, "syncs": BEFORE_AFTER}
 # (the launcher's per-step path flag, the key of the steps with flag 1 in the split, the rows compared)
 ALTERNATIONS = (("train/bench/per_key_syncs", "per_key", BEFORE_AFTER),
                 ("train/bench/before", "before", BEFORE_AFTER_STAGE))
 
 
-def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> dict:
+def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1, changes: tuple[str, ...] = (),
+                      block: int = 2) -> dict:
     """Per-step timings of an interleaved run, split by step kind (``bench/classmate_step``: 1 = GDPO, 0 = GRPO).
 
     The first ``skip_first`` steps of each kind are warm-up (CUDA graphs, allocator, JIT, the classmate engine's
@@ -276,7 +303,12 @@ def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> d
     ``per_key`` holds the same keys for the per-key steps, and ``before_after`` per kind and :data:`BEFORE_AFTER`
     tag the per-key minus batched seconds (:func:`before_after`). A run under ``--before`` (``bench/before``: 1 =
     the classmate stage's path before the change) splits the same way, with ``before`` for the before steps and
-    the rows of :data:`BEFORE_AFTER_STAGE`."""
+    the rows of :data:`BEFORE_AFTER_STAGE`.
+
+    Several ``changes`` (or one in a GDPO-only run, ``block`` 1) split by ``bench/before``, the path index: see
+    :func:`split_paths`. ``block``: steps per path block (2 under the GDPO / GRPO alternation, 1 without)."""
+    if len(changes) > 1 or (changes and block == 1):
+        return split_paths(tb, changes, block, skip_first)
     alternation = next(((key, tags, tb[flag]) for flag, key, tags in ALTERNATIONS if tb.get(flag)), None)
     if alternation is None:
         return _split_kinds(tb, None, skip_first)
@@ -284,23 +316,50 @@ def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1) -> d
     out = _split_kinds(tb, {s for s, v in paths.items() if round(v) == 0}, skip_first)
     out[key] = _split_kinds(tb, {s for s, v in paths.items() if round(v) == 1}, skip_first)
     out["before_after"] = {kind: {tag: before_after(out[kind]["per_step"].get(tag, {}),
-                                                    out[key][kind]["per_step"].get(tag, {}))
+                                                    out[key][kind]["per_step"].get(tag, {}), gap=block)
                                   for tag in tags}
                            for kind in ("gdpo", "grpo")}
     return out
 
 
-def before_after(batched: dict[int, float], per_key: dict[int, float]) -> dict:
-    """Per-key minus batched seconds of one kind and tag: ``median_diff`` (of the medians) and ``pairs``, each steady
-    per-key step ``s`` against the batched step of its kind just before it (``s - 2``: step 7 vs 5, 8 vs 6; a pair
-    with a warm-up step is left out), with their ``paired`` spread."""
+def split_paths(tb: dict[str, dict[int, float]], changes: tuple[str, ...], block: int, skip_first: int = 1) -> dict:
+    """A run cycling through the launcher's own path and the before path of each of ``changes``
+    (``bench/before``: 0 = own path, i = the i-th change; ``bench_switches.before_path``).
+
+    The keys of :func:`_split_kinds` are those of the own path's steps (the "after" of every change); ``changes``
+    lists the changes, ``paths`` holds the same split for each change's before steps (each path's first step of each
+    kind is warm-up), ``before_after`` per change, kind and :data:`CHANGE_ROWS` tag the before minus after seconds,
+    each before step paired with the after step that opened its cycle (``index * block`` steps earlier), and
+    ``counts`` per change whether both sides have at least :data:`MIN_STEADY` steady steps of each kind that ran."""
+    index = tb.get("train/bench/before", {})
+    out = _split_kinds(tb, {s for s, v in index.items() if round(v) == 0}, skip_first)
+    out["changes"] = list(changes)
+    out["paths"], out["before_after"], out["counts"] = {}, {}, {}
+    kinds = [kind for kind in ("gdpo", "grpo") if out[kind]["steps"]]
+    for i, change in enumerate(changes, start=1):
+        path = out["paths"][change] = _split_kinds(tb, {s for s, v in index.items() if round(v) == i}, skip_first)
+        out["before_after"][change] = {
+            kind: {tag: before_after(out[kind]["per_step"].get(tag, {}), path[kind]["per_step"].get(tag, {}),
+                                     gap=i * block)
+                   for tag in CHANGE_ROWS[change]}
+            for kind in kinds}
+        out["counts"][change] = bool(kinds) and all(
+            min(len(out[kind]["steps"]), len(path[kind]["steps"])) >= MIN_STEADY for kind in kinds)
+    return out
+
+
+def before_after(batched: dict[int, float], per_key: dict[int, float], gap: int = 2) -> dict:
+    """Before (per-key) minus after (batched) seconds of one kind and tag: ``median_diff`` (of the medians) and
+    ``pairs``, each steady before step ``s`` against the after step of its kind ``gap`` steps earlier (2 under the
+    GDPO / GRPO alternation: step 7 vs 5, 8 vs 6; a pair with a warm-up step is left out), with their ``paired``
+    spread."""
     def median(values: dict[int, float]) -> float | None:
         finite = [v for v in values.values() if v == v]
         return round(statistics.median(finite), 3) if finite else None
 
     b, p = median(batched), median(per_key)
-    pairs = {s: round(v - batched[s - 2], 3) for s, v in sorted(per_key.items())
-             if s - 2 in batched and v == v and batched[s - 2] == batched[s - 2]}
+    pairs = {s: round(v - batched[s - gap], 3) for s, v in sorted(per_key.items())
+             if s - gap in batched and v == v and batched[s - gap] == batched[s - gap]}
     return {"batched": b, "per_key": p, "median_diff": round(p - b, 3) if b is not None and p is not None else None,
             "pairs": pairs, "paired": spread(list(pairs.values()))}
 
@@ -351,7 +410,7 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
     row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     if interleave:
-        row.update(split_interleaved(tb))
+        row.update(split_interleaved(tb, changes=before_list(a), block=1 if gdpo_only(a) else 2))
         row["outside_steps_s"] = time_outside_steps(row["wall_s"], tb)
         return row
     per_step = {tag: {int(s): round(v, 3) for s, v in sorted(tb.get(f"train/{tag}", {}).items())} for _, tag in ROWS}
@@ -458,7 +517,9 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
 # the settings two interleaved calls must share to be counted together (a ratio of another card, batch, layout or
 # request path is another figure)
 CALL_SETTINGS = ("device", "batch", "models", "gpus", "engine", "placement", "mismatch", "is_correction",
-                 "per_key_syncs", "before", "dispatch", "seed_requests")
+                 "per_key_syncs", "before", "gdpo_only", "dispatch", "seed_requests")
+# the value of a setting a JSON written before the setting existed holds
+SETTING_DEFAULTS = {"gdpo_only": False}
 
 
 def earlier_calls(result: dict, state: dict | None, previous: dict | None, previous_name: str = "") -> list[dict]:
@@ -466,12 +527,15 @@ def earlier_calls(result: dict, state: dict | None, previous: dict | None, previ
     those of an earlier machine's JSON (``--previous``, e.g. a committed ``bench/gpu_results`` file), so that the two
     calls the agreement rule needs may come from two device sessions. A ``previous`` of other settings is refused
     before any run; the machine's own calls already holding ``previous``'s are not counted twice."""
-    calls = state.get("calls", []) if state and all(state.get(k) == result[k] for k in CALL_SETTINGS) else []
+    def setting(saved: dict, k: str):
+        return saved.get(k, SETTING_DEFAULTS.get(k))
+
+    calls = state.get("calls", []) if state and all(setting(state, k) == result[k] for k in CALL_SETTINGS) else []
     if previous is None:
         return calls
-    differ = [k for k in CALL_SETTINGS if previous.get(k) != result[k]]
+    differ = [k for k in CALL_SETTINGS if setting(previous, k) != result[k]]
     if differ:
-        detail = ", ".join(f"{k} {previous.get(k)!r} there, {result[k]!r} here" for k in differ)
+        detail = ", ".join(f"{k} {setting(previous, k)!r} there, {result[k]!r} here" for k in differ)
         sys.exit(f"error: --previous {previous_name}: other settings ({detail}); its calls are another figure "
                  "(same card kind, batch, placement and request path, or leave --previous out)")
     before = previous.get("calls", [])
@@ -499,6 +563,8 @@ def combine_calls(calls: list[dict]) -> dict:
 
 def print_interleaved(result: dict) -> None:
     row = result["calls"][-1]
+    if "changes" in row:
+        return print_paths(result, row)
     # the alternation of this run, if any: (key of its second group, title of the first path, of the second)
     alternate = (("per_key", "batched", "per-key") if "per_key" in row
                  else ("before", "after", "before") if "before" in row else None)
@@ -517,13 +583,9 @@ def print_interleaved(result: dict) -> None:
         if "gdpo" not in row:
             return
 
-    def cell(group: dict, tag: str) -> str:
-        st = group["stats"].get(tag)
-        return f"{st['median']:.2f} [{st['min']:.2f}, {st['max']:.2f}]" if st else ""
-
     print(f"{'':<36}" + "".join(f"{title:>22}" for title, _ in columns))
     for label, tag in ROWS:
-        print(f"{label:<36}" + "".join(f"{cell(group, tag):>22}" for _, group in columns))
+        print(f"{label:<36}" + "".join(f"{_cell(group, tag):>22}" for _, group in columns))
 
     def ratio_line(title: str, part: dict) -> None:
         paired = part.get("paired") or {}
@@ -541,9 +603,6 @@ def print_interleaved(result: dict) -> None:
         ratio_line(f"GDPO / GRPO, {first} steps", row)
         ratio_line(f"GDPO / GRPO, {second} steps", row[key])
 
-        def diff(x: float | None) -> str:
-            return "n/a" if x is None else f"{x:+.2f}"
-
         for label, tag in ROWS:
             if tag in row["before_after"]["gdpo"] and any(row["before_after"][kind][tag]["batched"] is not None
                                                           for kind in ("gdpo", "grpo")):
@@ -551,14 +610,60 @@ def print_interleaved(result: dict) -> None:
                 for kind in ("gdpo", "grpo"):
                     ba = row["before_after"][kind][tag]
                     pairs = ba["paired"] or {}
-                    parts.append(f"{kind.upper()} {diff(ba['median_diff'])} (pairs {diff(pairs.get('median'))} "
-                                 f"[{diff(pairs.get('min'))}, {diff(pairs.get('max'))}])")
+                    parts.append(f"{kind.upper()} {_diff(ba['median_diff'])} (pairs {_diff(pairs.get('median'))} "
+                                 f"[{_diff(pairs.get('min'))}, {_diff(pairs.get('max'))}])")
                 print(f"{second} - {first}, {label}: " + ", ".join(parts))
     if len(result.get("calls", [])) >= 2:
         print(f"ratios of the calls so far: {result['all_ratios']} (steady steps of each kind: "
               f"{result['steady_steps']}); of the calls with at least {MIN_STEADY}: {result['ratios']}"
               + (f" (spread {result['call_spread']}; {'agree' if result['calls_agree'] else 'DO NOT agree'} "
                  f"within {AGREE})" if "call_spread" in result else ""))
+
+
+def _cell(group: dict, tag: str) -> str:
+    st = group["stats"].get(tag)
+    return f"{st['median']:.2f} [{st['min']:.2f}, {st['max']:.2f}]" if st else ""
+
+
+def _diff(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.2f}"
+
+
+def print_paths(result: dict, row: dict) -> None:
+    """The table of a multi-change run (:func:`split_paths`): a column per kind that ran and path, then each
+    change's before minus after rows."""
+    kinds = [kind for kind in ("grpo", "gdpo") if (row.get(kind) or {}).get("steps")]
+    columns = [(f"{kind.upper()} after", row[kind]) for kind in kinds]
+    columns += [(f"{kind.upper()} {change}", row["paths"][change][kind]) for kind in kinds for change in row["changes"]]
+    steps = " / ".join(f"{title.lower()} {group['steps']}" for title, group in columns)
+    print(f"\nbefore/after pairs, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
+          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps {steps}")
+    if row.get("exit") != 0:
+        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}"
+              + (" - the steps it logged before stopping:" if row.get("partial") else ""))
+    if not kinds:
+        return
+    print(f"{'':<36}" + "".join(f"{title:>22}" for title, _ in columns))
+    for label, tag in ROWS:
+        print(f"{label:<36}" + "".join(f"{_cell(group, tag):>22}" for _, group in columns))
+    labels = {tag: label.strip() for label, tag in ROWS}
+    for change in row["changes"]:
+        least = min(min(len(row[kind]["steps"]), len(row["paths"][change][kind]["steps"])) for kind in kinds)
+        print(f"{change}: before - after ({least} steady steps on the smaller side; "
+              + ("counts)" if row["counts"][change] else f"too few to count, at least {MIN_STEADY})"))
+        for tag in CHANGE_ROWS[change]:
+            parts = []
+            for kind in kinds:
+                ba = row["before_after"][change][kind][tag]
+                if ba["batched"] is None:
+                    continue
+                pairs = ba["paired"] or {}
+                parts.append(f"{kind.upper()} {_diff(ba['median_diff'])} (pairs {_diff(pairs.get('median'))} "
+                             f"[{_diff(pairs.get('min'))}, {_diff(pairs.get('max'))}])")
+            if parts:
+                print(f"  {labels[tag]}: " + ", ".join(parts))
+    if "grpo" not in kinds:
+        print("GDPO steps only: no GDPO / GRPO ratio in this run (its figures are the pairs above)")
 
 
 def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
@@ -604,10 +709,12 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dispatch", choices=("auto", "group", "batch"), default="auto",
                    help="--classmate.dispatch (auto: per prompt group where the classmate engines stay awake, i.e. "
                         "--placement share)")
-    p.add_argument("--before", choices=("dispatch", "seeds"), default=None,
-                   help=f"with --interleave: steps 3-4, 7-8, ... take the classmate stage's path before a change "
-                        f"({BENCH_BEFORE_ENV}): dispatch (requests sent after the batch; needs --placement share) "
-                        "or seeds (a seed per classmate request)")
+    p.add_argument("--before", default=None, metavar="CHANGE[,CHANGE...]",
+                   help=f"with --interleave: steps take the path from before a change ({BENCH_BEFORE_ENV}): "
+                        "dispatch (classmate requests sent after the batch; needs --placement share), seeds (a seed "
+                        "per classmate request), syncs (upstream's per-key metric syncs in the actor update). One "
+                        "change: steps 3-4, 7-8, ... (one step in two with --runs gdpo); several: the steps cycle "
+                        "through after and each change's before path (use --runs gdpo: one run, one call)")
     p.add_argument("--seed-requests", action="store_true",
                    help="--classmate.seed_requests: a seed per classmate request (vLLM's per-request sampling loop; "
                         "the launcher's default is off)")
@@ -616,15 +723,26 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classmate-memory", type=float, default=None,
                    help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
     a = p.parse_args(argv)
+    changes = before_list(a)
+    if any(c not in BEFORE_CHANGES for c in changes) or len(set(changes)) != len(changes):
+        p.error(f"--before {a.before}: a comma-separated list of {', '.join(BEFORE_CHANGES)}, each at most once")
     if a.before and not a.interleave:
         p.error("--before needs --interleave: it compares the steps of one run")
     if a.before and a.per_key_syncs == "alternate":
-        p.error("--before and --per-key-syncs alternate both split the steps: measure one change per run")
-    if a.before == "dispatch" and (a.placement or ("colocate" if a.gpus == 1 else "share")) != "share":
+        p.error("--before and --per-key-syncs alternate both split the steps: measure one change per run (or list "
+                "syncs in --before)")
+    if "syncs" in changes and a.per_key_syncs != "off":
+        p.error("--before syncs switches the metric syncs itself: drop --per-key-syncs")
+    if "dispatch" in changes and (a.placement or ("colocate" if a.gpus == 1 else "share")) != "share":
         p.error("--before dispatch needs --placement share: with the classmate engines asleep during the rollout "
                 "(colocate) the requests always go out after the batch")
-    if a.before == "seeds" and a.seed_requests:
+    if "seeds" in changes and a.seed_requests:
         p.error("--before seeds alternates the request seeds itself: drop --seed-requests")
+    if a.interleave and set(a.runs.split(",")) not in ({"grpo", "gdpo"}, {"gdpo"}):
+        p.error(f"--runs {a.runs} with --interleave: grpo,gdpo (steps alternate the kinds) or gdpo (GDPO steps only, "
+                "with --before)")
+    if gdpo_only(a) and not a.before:
+        p.error("--interleave --runs gdpo needs --before: a run of GDPO steps only compares the paths of its changes")
     if a.previous and not a.interleave:
         p.error("--previous needs --interleave: it counts earlier interleaved calls with this one")
     if a.previous and not os.path.isfile(a.previous):
@@ -657,7 +775,7 @@ def main() -> None:
         "batch": f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, classmate "
                  f"{a.classmate_new_tokens} new tokens",
         "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction,
-        "per_key_syncs": a.per_key_syncs, "before": a.before, "dispatch": a.dispatch,
+        "per_key_syncs": a.per_key_syncs, "before": a.before, "gdpo_only": gdpo_only(a), "dispatch": a.dispatch,
         "seed_requests": a.seed_requests, "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)

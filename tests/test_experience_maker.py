@@ -822,8 +822,9 @@ def test_seed_requests_gives_every_classmate_request_a_seed_of_its_own_from_the_
     assert engine.seeds != seeds[0]
 
 
-def test_the_bench_before_switch_takes_the_old_path_on_steps_3_4_7_8(world, fake_ray, monkeypatch):
-    # bench/step_time.py --before seeds|dispatch: one run measures a change of issue 26 as a before/after pair
+def test_the_bench_before_switch_takes_the_old_path_on_every_second_block(world, fake_ray, monkeypatch):
+    # bench/step_time.py --before seeds|dispatch: one run measures a change of issue 26 as a before/after pair; a
+    # block is one step (GDPO steps only) or two (the GDPO / GRPO alternation)
     monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "seeds")
     maker, engine = _maker(_args(world), world.tok, fake_ray)
     seeded, before = [], []
@@ -833,7 +834,8 @@ def test_the_bench_before_switch_takes_the_old_path_on_steps_3_4_7_8(world, fake
         seeded.append(all(isinstance(s, int) for s in engine.seeds) and len(set(engine.seeds)) == 12)
         assert seeded[-1] or engine.seeds == [None] * 12
         before.append(float(experiences[0].info["bench/before"][0]))
-    assert seeded == [False, False, True, True, False, False] and before == [0, 0, 1, 1, 0, 0]
+    assert seeded == [False, True, False, True, False, True] and before == [0, 1, 0, 1, 0, 1]
+    assert [float(e.info["bench/classmate_step"][0]) for e in experiences] == [1.0] * len(experiences)
 
     monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch")
     monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")  # odd batches GDPO, even GRPO
@@ -845,9 +847,28 @@ def test_the_bench_before_switch_takes_the_old_path_on_steps_3_4_7_8(world, fake
     assert engine.seeds == [None] * 12 * 4  # four GDPO batches, never seeded
     assert plan == [(True, True), (False, False), (True, False), (False, False)] * 2
 
-    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "prefix")
-    with pytest.raises(ValueError, match="OPENRLHF_CLASSMATE_BENCH_BEFORE=prefix: one of dispatch, seeds"):
-        _maker(_args(world), world.tok, fake_ray)
+    for value in ("prefix", "seeds,seeds", "seeds,"):
+        monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", value)
+        with pytest.raises(ValueError, match=f"OPENRLHF_CLASSMATE_BENCH_BEFORE={value}: a comma-separated list of "
+                                             "dispatch, seeds, syncs, each at most once"):
+            _maker(_args(world), world.tok, fake_ray)
+
+
+def test_the_bench_before_switch_cycles_through_several_changes(world, fake_ray, monkeypatch):
+    # --before dispatch,seeds,syncs in a GDPO-only run: after, dispatch, seeds, syncs, after, ...: each change's
+    # before path once per cycle, the others on the launcher's own path (syncs is the actor's: no classmate change)
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch,seeds,syncs")
+    maker, engine = _maker(_args(world), world.tok, fake_ray)
+    per_group, seeded, index = [], [], []
+    for _ in range(8):
+        per_group.append(maker.next_batch_dispatches_per_group())
+        engine.seeds.clear()
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        seeded.append(engine.seeds != [None] * 12)
+        index.append(float(experiences[0].info["bench/before"][0]))
+        assert "classmate/reward" in experiences[0].info
+    assert index == [0, 1, 2, 3] * 2
+    assert per_group == [True, False, True, True] * 2 and seeded == [False, False, True, False] * 2
 
 
 def _nan_rollout(tok, bad: dict[int, float]):

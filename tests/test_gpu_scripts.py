@@ -443,6 +443,124 @@ def test_before_dispatch_tiny_interleaved_run_alternates_the_dispatch(tmp_path):
     assert (row["gdpo"]["steps"], row["before"]["gdpo"]["steps"]) == ([5], [7])
 
 
+def _paths_run(cycles: int = 3) -> dict:
+    """A GDPO-only run under ``--before dispatch,seeds,syncs``: step 1 after, 2 dispatch, 3 seeds, 4 syncs, 5 after,
+    ...; the dispatch steps 3 s slower in step total and generation, the seeds steps 1 s slower in the classmate's
+    own generation only, the syncs steps 0.5 s slower in the actor update; the after steps drift by 0.1 s a cycle."""
+    total, generation, classmate, update = {}, {}, {}, {}
+    for s in range(1, 4 * cycles + 1):
+        cycle, path = (s - 1) // 4, (s - 1) % 4
+        drift = 0.1 * cycle + (10.0 if s <= 4 else 0.0)  # the first cycle: warm-up
+        update[s] = 7.0 + (0.5 if path == 3 else 0.0)
+        generation[s] = 12.0 + drift + (3.0 if path == 1 else 0.0)
+        classmate[s] = 8.0 + (1.0 if path == 2 else 0.0) + (4.0 if path == 1 else 0.0)
+        total[s] = generation[s] + update[s] + 2.0
+    return {"train/bench/classmate_step": {s: 1.0 for s in total},
+            "train/bench/before": {s: float((s - 1) % 4) for s in total},
+            "train/timing/step_total": total, "train/timing/generation": generation,
+            "train/timing/make_experience": {s: 2.0 for s in total}, "train/timing/ppo_train": update,
+            "train/classmate/generation_time": classmate, "train/classmate/wait_time": {s: 0.2 for s in total}}
+
+
+def test_several_changes_in_one_gdpo_only_run_give_a_pair_each(capsys):
+    step_time = _bench("step_time")
+    out = step_time.split_interleaved(_paths_run(), changes=("dispatch", "seeds", "syncs"), block=1)
+    assert out["changes"] == ["dispatch", "seeds", "syncs"] and out["grpo"]["steps"] == []
+    assert out["gdpo"]["steps"] == [5, 9]  # step 1 is the after path's warm-up
+    assert {c: out["paths"][c]["gdpo"]["steps"] for c in out["changes"]} == {
+        "dispatch": [6, 10], "seeds": [7, 11], "syncs": [8, 12]}
+    ba = out["before_after"]
+    assert set(ba["dispatch"]["gdpo"]) == {"timing/generation", "timing/make_experience", "timing/step_total",
+                                           "classmate/generation_time", "classmate/wait_time"}
+    assert set(ba["syncs"]["gdpo"]) == {"timing/ppo_train", "actor_timing/fit", "actor_timing/micro_steps",
+                                        "timing/step_total"}
+    # each before step against the after step that opened its cycle: the change's own seconds, free of the drift
+    assert ba["dispatch"]["gdpo"]["timing/step_total"]["pairs"] == {6: 3.0, 10: 3.0}
+    assert ba["seeds"]["gdpo"]["classmate/generation_time"]["pairs"] == {7: 1.0, 11: 1.0}
+    assert ba["seeds"]["gdpo"]["timing/step_total"]["pairs"] == {7: 0.0, 11: 0.0}
+    assert ba["syncs"]["gdpo"]["timing/ppo_train"] == {"batched": 7.0, "per_key": 7.5, "median_diff": 0.5,
+                                                      "pairs": {8: 0.5, 12: 0.5},
+                                                      "paired": {"median": 0.5, "min": 0.5, "max": 0.5, "n": 2}}
+    assert ba["syncs"]["gdpo"]["actor_timing/fit"]["batched"] is None  # not logged in this run
+    assert out["counts"] == {"dispatch": False, "seeds": False, "syncs": False}  # 2 steady steps a path
+    assert out["ratio"] is None  # no GRPO step
+    counted = step_time.split_interleaved(_paths_run(cycles=9), changes=("dispatch", "seeds", "syncs"), block=1)
+    assert counted["counts"] == {"dispatch": True, "seeds": True, "syncs": True}  # 8 steady steps a path
+
+    row = {"run": "interleaved", "exit": 0, "call": 1, **out}
+    step_time.print_interleaved({"gpus": 1, "device": "cpu", "placement": "share", "batch": "b", "calls": [row]})
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if "GDPO after" in line)
+    assert header.split() == ["GDPO", "after", "GDPO", "dispatch", "GDPO", "seeds", "GDPO", "syncs"]
+    assert "dispatch: before - after (2 steady steps on the smaller side; too few to count, at least 8)" in text
+    assert "  step total: GDPO +3.00 (pairs +3.00 [+3.00, +3.00])" in text
+    assert "  classmate generation: GDPO +1.00 (pairs +1.00 [+1.00, +1.00])" in text
+    assert "  actor update: GDPO +0.50 (pairs +0.50 [+0.50, +0.50])" in text
+    assert "GDPO steps only: no GDPO / GRPO ratio in this run" in text
+
+
+def test_one_change_in_a_gdpo_only_run_pairs_neighbouring_steps():
+    # --runs gdpo --before seeds: every second step takes the before path, paired with the step before it
+    step_time = _bench("step_time")
+    tb = {"train/bench/classmate_step": {s: 1.0 for s in range(1, 9)},
+          "train/bench/before": {s: float((s - 1) % 2) for s in range(1, 9)},
+          "train/timing/step_total": {s: 20.0 + s + (1.0 if s % 2 == 0 else 0.0) for s in range(1, 9)}}
+    out = step_time.split_interleaved(tb, changes=("seeds",), block=1)
+    assert out["gdpo"]["steps"] == [3, 5, 7] and out["paths"]["seeds"]["gdpo"]["steps"] == [4, 6, 8]
+    assert out["before_after"]["seeds"]["gdpo"]["timing/step_total"]["pairs"] == {4: 2.0, 6: 2.0, 8: 2.0}
+
+
+def test_several_changes_reach_the_launcher_as_one_list_without_the_alternation():
+    step_time = _bench("step_time")
+    a = step_time.parse_cli(["--interleave", "--runs", "gdpo", "--before", "dispatch,seeds,syncs", "--placement",
+                             "share"])
+    assert step_time.launcher_env(a, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_BEFORE": "dispatch,seeds,syncs"}
+    assert step_time.variant(a) == "_gdpo-only_before-dispatch+seeds+syncs"
+    both = step_time.parse_cli(["--interleave", "--before", "seeds,syncs"])
+    assert step_time.launcher_env(both, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1",
+                                                             "OPENRLHF_CLASSMATE_BENCH_BEFORE": "seeds,syncs"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--interleave", "--before", "seeds,seeds"], "--before seeds,seeds: a comma-separated list of dispatch, seeds, "
+                                                  "syncs, each at most once"),
+    (["--interleave", "--before", "prefix"], "--before prefix: a comma-separated list"),
+    (["--interleave", "--before", "syncs", "--per-key-syncs"], "drop --per-key-syncs"),
+    (["--interleave", "--runs", "gdpo"], "--interleave --runs gdpo needs --before"),
+    (["--interleave", "--runs", "grpo", "--before", "seeds"], "--runs grpo with --interleave"),
+    (["--interleave", "--runs", "gdpo", "--before", "dispatch,seeds"], "--before dispatch needs --placement share"),
+])
+def test_several_changes_misuse_is_refused(capsys, argv, message):
+    step_time = _bench("step_time")
+    with pytest.raises(SystemExit):
+        step_time.parse_cli(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_several_changes_tiny_gdpo_only_run_cycles_through_the_paths(tmp_path):
+    """The script path on CPU (tiny models, HF engines, classmate placement share, 8 GDPO steps): the launcher cycles
+    after, dispatch, seeds, syncs; the samples generator sends the dispatch steps' requests after the batch and the
+    real actor takes upstream's metric syncs on the syncs steps, each reporting it per step."""
+    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_share_gdpo-only_before-dispatch+seeds+syncs.json",
+                            "--runs", "gdpo", "--before", "dispatch,seeds,syncs", "--placement", "share")
+    scalars = _bench("step_time").launcher_step_scalars(row["log"])
+    assert scalars["train/bench/before"] == {s: float((s - 1) % 4) for s in range(1, 9)}
+    assert scalars["train/bench/classmate_step"] == {s: 1.0 for s in range(1, 9)}
+    assert scalars["train/classmate/dispatched_per_group"] == {s: float(s % 4 != 2) for s in range(1, 9)}
+    assert scalars["train/bench/per_key_syncs"] == {s: float(s % 4 == 0) for s in range(1, 9)}
+    assert row["gdpo"]["steps"] == [5] and row["grpo"]["steps"] == []
+    assert {c: row["paths"][c]["gdpo"]["steps"] for c in row["changes"]} == {"dispatch": [6], "seeds": [7],
+                                                                             "syncs": [8]}
+    for change, step, gap in (("dispatch", "6", 1), ("seeds", "7", 2), ("syncs", "8", 3)):
+        ba = row["before_after"][change]["gdpo"]["timing/step_total"]
+        totals = row["paths"][change]["gdpo"]["per_step"]["timing/step_total"]
+        assert ba["pairs"] == {step: round(totals[step] - row["gdpo"]["per_step"]["timing/step_total"]["5"], 3)}
+        assert int(step) - gap == 5
+    assert "syncs: before - after (0 steady steps" not in (tmp_path / "bench.log").read_text()
+    assert "GDPO steps only: no GDPO / GRPO ratio in this run" in (tmp_path / "bench.log").read_text()
+
+
 def _call(ratio: float, paired: float, steady: int) -> dict:
     """One interleaved call's row as ``interleaved_call`` keeps it: ``steady`` steady steps of each kind."""
     return {"run": "interleaved", "exit": 124, "partial": True, "ratio": ratio, "paired": {"median": paired},
@@ -516,7 +634,9 @@ def test_calls_of_an_earlier_machine_count_with_this_one():
     path = os.path.join(REPO, "bench", "gpu_results", "wave7", "step_time_1gpu_interleaved_share.json")
     first = json.load(open(path))
     assert first["ratios"] == [1.053] and first["steady_steps"] == [13]  # 2026-11-28, one H100, 28 steps
-    here = {k: first[k] for k in step_time.CALL_SETTINGS}
+    # (a setting added since, gdpo_only, has its default: the JSON's calls alternated the kinds)
+    here = {k: first.get(k, step_time.SETTING_DEFAULTS.get(k)) for k in step_time.CALL_SETTINGS}
+    assert "gdpo_only" not in first and here["gdpo_only"] is False
     calls = step_time.earlier_calls(here, None, first, path)
     assert calls == first["calls"]
     second = _call(1.071, 1.05, 13)
@@ -551,7 +671,8 @@ def test_an_earlier_call_of_other_settings_is_refused_before_the_run():
     step_time = _bench("step_time")
     path = os.path.join(REPO, "bench", "gpu_results", "wave7", "step_time_1gpu_interleaved_share.json")
     first = json.load(open(path))
-    here = {**{k: first[k] for k in step_time.CALL_SETTINGS}, "device": "1 x NVIDIA H200", "placement": "colocate"}
+    here = {**{k: first.get(k, step_time.SETTING_DEFAULTS.get(k)) for k in step_time.CALL_SETTINGS},
+            "device": "1 x NVIDIA H200", "placement": "colocate"}
     with pytest.raises(SystemExit, match=r"other settings \(device '1 x NVIDIA H100 80GB HBM3' there, "
                                          r"'1 x NVIDIA H200' here, placement 'share' there, 'colocate' here\)"):
         step_time.earlier_calls(here, None, first, path)

@@ -166,6 +166,18 @@ def test_alternate_switches_the_actor_update_every_second_pair_of_steps(monkeypa
     assert all("bench/per_key_syncs" not in s for s in run("1")) and seen == [True] * 8
     assert all("bench/per_key_syncs" not in s for s in run(None)) and seen == [False] * 8
 
+    # the multi-change switch (bench/step_time.py --before dispatch,seeds,syncs, GDPO steps only): the steps cycle
+    # through after, dispatch, seeds, syncs; the actor takes upstream's path on the syncs steps (4, 8) only, and it
+    # decides over PER_KEY's own value
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch,seeds,syncs")
+    statuses = run(None)
+    assert seen == [False, False, False, True] * 2
+    assert [s["bench/per_key_syncs"] for s in statuses] == [0.0, 0.0, 0.0, 1.0] * 2
+    run("1")
+    assert seen == [False, False, False, True] * 2
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch,seeds")  # no syncs change: PER_KEY decides
+    assert all("bench/per_key_syncs" not in s for s in run(None)) and seen == [False] * 8
+
 
 @pytest.mark.slow
 def test_alternate_takes_upstreams_path_on_its_steps_only(policy, monkeypatch):

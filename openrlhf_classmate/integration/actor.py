@@ -34,6 +34,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate import ports
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
+from openrlhf_classmate.integration.bench_switches import before_changes
 from openrlhf_classmate.integration.chunked_actor import (
     ChunkedLogprobActor,
     check_model_config,
@@ -190,7 +191,8 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         status = super().ppo_train(kl_ctl)
         status[f"{ACTOR_TIMING}/micro_steps"] = self.micro_step_s
         status.update(self.nonfinite.status())  # the controller logs the total and stops on the consecutive count
-        if os.environ.get(PER_KEY_SYNCS_ENV) == "alternate":  # which path this step took, for the report's split
+        # which path this step took, for the report's split (its own answer, checked against the plan by the tests)
+        if os.environ.get(PER_KEY_SYNCS_ENV) == "alternate" or "syncs" in before_changes():
             status["bench/per_key_syncs"] = float(per_key_syncs())
         return status
 

@@ -30,7 +30,6 @@ batch whose requests the samples generator sent prompt group by prompt group dur
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -41,13 +40,9 @@ from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from openrlhf_classmate.algo.advantages import SEPARATED, compute_advantages, group_std, whiten_tokens
-from openrlhf_classmate.integration import mismatch
+from openrlhf_classmate.integration import bench_switches, mismatch
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
 from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
-from openrlhf_classmate.integration.strategy import per_key_step
-
-BENCH_BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
-BENCH_BEFORE_CHANGES = ("dispatch", "seeds")  # the changes of issue 26 a run can measure before/after
 
 
 class AllScoresInvalidError(RuntimeError):
@@ -160,36 +155,36 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         # bench/step_time.py --interleave sets this: the classmate stage runs on odd rollout batches only and the
         # even ones train as plain GRPO on the main reward, so that both kinds of step are timed in one process with
         # the same engines, weights and machine drift (a benchmark control, never set in a training run)
-        self.bench_alternate = os.environ.get("OPENRLHF_CLASSMATE_BENCH_ALTERNATE") == "1"
+        self.bench_alternate = bench_switches.alternating()
         if self.bench_alternate and self.stage is not None and uses_separated_loss(self.args):
-            raise ValueError("OPENRLHF_CLASSMATE_BENCH_ALTERNATE needs a single-advantage estimator (gdpo, grpo, ...): "
+            raise ValueError(f"{bench_switches.ALTERNATE_ENV} needs a single-advantage estimator (gdpo, grpo, ...): "
                              "the separated losses cannot train a step without classmate advantages")
-        # bench/step_time.py --before dispatch|seeds sets this: on the steps of per_key_step (3-4, 7-8, ...) the
-        # classmate stage takes the path before a change (requests sent after the batch, or a seed per request), so
-        # that one run measures the change as a before/after pair (a benchmark control, never set in a training run)
-        self.bench_before = os.environ.get(BENCH_BEFORE_ENV) or None
-        if self.bench_before not in (None, *BENCH_BEFORE_CHANGES):
-            raise ValueError(f"{BENCH_BEFORE_ENV}={self.bench_before}: one of {', '.join(BENCH_BEFORE_CHANGES)}")
+        # bench/step_time.py --before dispatch,seeds,syncs sets this: the steps cycle through the launcher's own path
+        # and each change's before path (requests sent after the batch, a seed per request, upstream's metric syncs
+        # in the actor), so that one run measures each change as a before/after pair (a benchmark control, never set
+        # in a training run)
+        self.bench_before = bench_switches.before_changes()
         self._seed_requests = bool(getattr(self.stage, "seed_requests", False))  # the run's own setting
         self._batches_made = 0
         self.last_mismatch = None  # the last batch's train-inference mismatch (integration.mismatch), read once
 
-    def bench_plan(self, batch: int) -> tuple[bool, bool]:
+    def bench_plan(self, batch: int) -> tuple[bool, str | None]:
         """(classmate step, before path) of rollout batch number ``batch`` (1-based): every batch is a classmate
-        step but under the step-time benchmark's alternation (odd batches only), and the before path is taken only
-        under its before/after switch. Sets the classmate stage's request seeds for that batch."""
+        step but under the step-time benchmark's alternation (odd batches only), and the before path (the change
+        whose old path the batch takes, :func:`bench_switches.before_path`) is None but under its before/after
+        switch. Sets the classmate stage's request seeds for that batch."""
         classmate = self.stage is not None and not (self.bench_alternate and batch % 2 == 0)
-        before = self.bench_before is not None and per_key_step(batch)
-        if classmate and self.bench_before == "seeds":
-            self.stage.seed_requests = before or self._seed_requests
+        before = bench_switches.before_path(batch) if self.bench_before else None
+        if classmate and "seeds" in self.bench_before:
+            self.stage.seed_requests = before == "seeds" or self._seed_requests
         return classmate, before
 
     def next_batch_dispatches_per_group(self) -> bool:
         """Whether the generator sends the next batch's classmate requests per prompt group (it does so only where
         the run's --classmate.dispatch resolves to group): a classmate step, and not the benchmark's before path
-        of --before dispatch."""
+        of its dispatch change."""
         classmate, before = self.bench_plan(self._batches_made + 1)
-        return classmate and not (before and self.bench_before == "dispatch")
+        return classmate and before != "dispatch"
 
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
@@ -261,10 +256,10 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
                                         "; ".join(reasons) or None)
         self._batches_made += 1
         classmate_step, before = self.bench_plan(self._batches_made)
-        if self.bench_alternate:
+        if self.bench_alternate or self.bench_before:  # the report splits the steps by kind and path
             hook_metrics["bench/classmate_step"] = float(classmate_step)
-        if self.bench_before is not None:
-            hook_metrics["bench/before"] = float(before)
+        if self.bench_before:
+            hook_metrics["bench/before"] = float(bench_switches.path_index(self._batches_made))
         if not classmate_step:
             experiences = super().make_experience_batch(rollout_samples)
             if not main_valid.all():

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
+from openrlhf_classmate.integration.bench_switches import before_changes, before_path
 from openrlhf_classmate.integration.checkpoints import (
     choose_resume_tag,
     inspect_tag,
@@ -68,7 +69,10 @@ def per_key_step(step: int) -> bool:
 def per_key_syncs() -> bool:
     """The benchmark switch (module docstring): upstream's per-key metric reads and reductions. ``1``: always;
     ``alternate``: on the steps of :func:`per_key_step` (one answer for a whole update: the step changes only as the
-    next begins); unset or anything else: never."""
+    next begins); unset or anything else: never. ``syncs`` in the benchmark's before list
+    (``bench_switches.BEFORE_ENV``) decides instead: the steps of its ``syncs`` path."""
+    if "syncs" in before_changes():  # the multi-change switch: the steps of its syncs path
+        return before_path(_train_step) == "syncs"
     mode = os.environ.get(PER_KEY_SYNCS_ENV)
     if mode == "alternate":
         return per_key_step(_train_step)

@@ -1,0 +1,64 @@
+"""The step-time benchmark's switches (``bench/step_time.py``), read from the environment by the launcher's processes.
+
+A training run never sets them. They let one launcher run time several paths under the same engines, weights and
+machine drift, so that each comparison is a pair measured inside one device call (issue 26):
+
+* ``OPENRLHF_CLASSMATE_BENCH_ALTERNATE=1``: odd rollout batches are classmate GDPO steps, even ones plain GRPO
+  (:class:`~openrlhf_classmate.integration.experience_maker.ClassmateExperienceMaker`).
+* ``OPENRLHF_CLASSMATE_BENCH_BEFORE=<change>[,<change>...]``: some steps take the path from before a change
+  (:data:`BEFORE_CHANGES`): ``dispatch``, the classmate requests sent after the whole batch instead of per prompt
+  group; ``seeds``, a seed of its own for every classmate request; ``syncs``, upstream's per-metric host reads and
+  per-key collectives in the actor update (``integration.strategy``). The steps cycle through the launcher's own path
+  ("after") and each listed change's before path (:func:`before_path`).
+"""
+
+from __future__ import annotations
+
+import os
+
+ALTERNATE_ENV = "OPENRLHF_CLASSMATE_BENCH_ALTERNATE"
+BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
+BEFORE_CHANGES = ("dispatch", "seeds", "syncs")
+
+
+def alternating() -> bool:
+    """Whether the run alternates GDPO (odd) and plain GRPO (even) steps."""
+    return os.environ.get(ALTERNATE_ENV) == "1"
+
+
+def before_changes() -> tuple[str, ...]:
+    """The changes of :data:`BEFORE_ENV`, in its order (empty when unset). A value that is not a list of known changes,
+    each once, raises ValueError: a benchmark that silently measured nothing would report a pair of equal paths."""
+    raw = os.environ.get(BEFORE_ENV, "")
+    changes = tuple(raw.split(",")) if raw else ()
+    if any(c not in BEFORE_CHANGES for c in changes) or len(set(changes)) != len(changes):
+        raise ValueError(f"{BEFORE_ENV}={raw}: a comma-separated list of {', '.join(BEFORE_CHANGES)}, each at most once")
+    return changes
+
+
+def before_path(step: int) -> str | None:
+    """The change whose before path step ``step`` (1-based; an actor update or a rollout batch) takes, or None for the
+    launcher's own path.
+
+    The steps go in blocks: one step, or under the GDPO / GRPO alternation two (a GDPO step and the GRPO step after
+    it share a path). Block 1 takes the own path, block 2 the first change's before path, block 3 the second's, ...,
+    then the cycle repeats. One change under the alternation: steps 1-2 after, 3-4 before, 5-6 after, ...; three
+    changes in a GDPO-only run: step 1 after, 2 dispatch, 3 seeds, 4 syncs, 5 after, ... So every before step has
+    an after step of its kind ``index * block`` steps earlier, in the same cycle."""
+    changes = before_changes()
+    if not changes or step < 1:
+        return None
+    index = (step - 1) // block() % (len(changes) + 1)
+    return changes[index - 1] if index else None
+
+
+def block() -> int:
+    """Steps per block of :func:`before_path`: 2 under the GDPO / GRPO alternation, else 1."""
+    return 2 if alternating() else 1
+
+
+def path_index(step: int) -> int:
+    """0 for the launcher's own path, else the 1-based position of the change in :data:`BEFORE_ENV` (the value the
+    experience maker logs as ``bench/before``)."""
+    change = before_path(step)
+    return 0 if change is None else before_changes().index(change) + 1
