@@ -574,18 +574,10 @@ def print_interleaved(result: dict) -> None:
         key, first, second = alternate
         columns = [(f"GRPO {first}", row["grpo"]), (f"GRPO {second}", row[key]["grpo"]),
                    (f"GDPO {first}", row["gdpo"]), (f"GDPO {second}", row[key]["gdpo"])]
-    steps = " / ".join(f"{title.lower()} {(group or {}).get('steps')}" for title, group in columns)
-    print(f"\ninterleaved step time, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
-          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps {steps}")
-    if row.get("exit") != 0:
-        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}"
-              + (" - the steps it logged before stopping:" if row.get("partial") else ""))
-        if "gdpo" not in row:
-            return
-
-    print(f"{'':<36}" + "".join(f"{title:>22}" for title, _ in columns))
-    for label, tag in ROWS:
-        print(f"{label:<36}" + "".join(f"{_cell(group, tag):>22}" for _, group in columns))
+    _table_head("interleaved step time", result, row, columns)
+    if "gdpo" not in row:
+        return
+    _table_rows(columns)
 
     def ratio_line(title: str, part: dict) -> None:
         paired = part.get("paired") or {}
@@ -620,6 +612,23 @@ def print_interleaved(result: dict) -> None:
                  f"within {AGREE})" if "call_spread" in result else ""))
 
 
+def _table_head(what: str, result: dict, row: dict, columns: list[tuple[str, dict | None]]) -> None:
+    """The title line of an interleaved call's table (the steps of each column), and its exit if it failed."""
+    steps = " / ".join(f"{title.lower()} {(group or {}).get('steps')}" for title, group in columns)
+    print(f"\n{what}, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
+          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps {steps}")
+    if row.get("exit") != 0:
+        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}"
+              + (" - the steps it logged before stopping:" if row.get("partial") else ""))
+
+
+def _table_rows(columns: list[tuple[str, dict]]) -> None:
+    """The column titles, then a line per :data:`ROWS` entry: each column's median [min, max]."""
+    print(f"{'':<36}" + "".join(f"{title:>22}" for title, _ in columns))
+    for label, tag in ROWS:
+        print(f"{label:<36}" + "".join(f"{_cell(group, tag):>22}" for _, group in columns))
+
+
 def _cell(group: dict, tag: str) -> str:
     st = group["stats"].get(tag)
     return f"{st['median']:.2f} [{st['min']:.2f}, {st['max']:.2f}]" if st else ""
@@ -635,17 +644,10 @@ def print_paths(result: dict, row: dict) -> None:
     kinds = [kind for kind in ("grpo", "gdpo") if (row.get(kind) or {}).get("steps")]
     columns = [(f"{kind.upper()} after", row[kind]) for kind in kinds]
     columns += [(f"{kind.upper()} {change}", row["paths"][change][kind]) for kind in kinds for change in row["changes"]]
-    steps = " / ".join(f"{title.lower()} {group['steps']}" for title, group in columns)
-    print(f"\nbefore/after pairs, {result['gpus']} GPU(s), {result['device']}, classmate {result['placement']}: "
-          f"{result['batch']}; call {row['call']}; seconds, median [min, max] over steps {steps}")
-    if row.get("exit") != 0:
-        print(f"run: exit {row.get('exit')} (see {row.get('log')}) {row.get('skipped', '')}"
-              + (" - the steps it logged before stopping:" if row.get("partial") else ""))
+    _table_head("before/after pairs", result, row, columns)
     if not kinds:
         return
-    print(f"{'':<36}" + "".join(f"{title:>22}" for title, _ in columns))
-    for label, tag in ROWS:
-        print(f"{label:<36}" + "".join(f"{_cell(group, tag):>22}" for _, group in columns))
+    _table_rows(columns)
     labels = {tag: label.strip() for label, tag in ROWS}
     for change in row["changes"]:
         least = min(min(len(row[kind]["steps"]), len(row["paths"][change][kind]["steps"])) for kind in kinds)
