@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from openrlhf_classmate.scoring import LabelError, get_scorer, resolve_data_source, score_responses
+from openrlhf_classmate.scoring import LabelError, get_scorer, resolve_data_source, score_responses, tinyv
 from openrlhf_classmate.scoring.metrics import METRICS_ENV
 from openrlhf_classmate.scoring.registry import UnknownDataSourceError
 from openrlhf_classmate.scoring.tinyv import (
@@ -48,6 +48,16 @@ EXPECTED_PROMPT = (
 
 def _label(gt="3/4", source="bigmath_tinyv", **extra):
     return {"data_source": source, "ground_truth": gt, "question": QUESTION, **extra}
+
+
+@pytest.fixture(autouse=True)
+def _no_discovered_models():
+    """Every test discovers its verifier's model afresh: the scorer caches the id per URL for the process, and a
+    port the kernel hands out again (``_closed_port``, a new server) would otherwise find an earlier test's server's
+    id (CI: the down-verifier test got a cached id, skipped discovery and failed on the chat request instead)."""
+    tinyv._discovered.clear()
+    yield
+    tinyv._discovered.clear()
 
 
 def _closed_port() -> int:
