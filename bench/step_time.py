@@ -79,7 +79,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
-from openrlhf_classmate.integration.bench_switches import ALTERNATE_ENV, BEFORE_CHANGES  # noqa: E402
+from openrlhf_classmate.integration.bench_switches import ALTERNATE_ENV, parse_changes  # noqa: E402
 from openrlhf_classmate.integration.bench_switches import BEFORE_ENV as BENCH_BEFORE_ENV  # noqa: E402
 from openrlhf_classmate.integration.strategy import PER_KEY_SYNCS_ENV  # noqa: E402
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
@@ -136,8 +136,8 @@ def gdpo_only(a) -> bool:
 
 
 def before_list(a) -> tuple[str, ...]:
-    """The changes of ``--before``, in order (empty without it)."""
-    return tuple(a.before.split(",")) if getattr(a, "before", None) else ()
+    """The changes of ``--before``, in order (empty without it; checked by :func:`parse_cli`)."""
+    return parse_changes(getattr(a, "before", None) or "")
 
 
 def launcher_env(a, interleave: bool) -> dict[str, str]:
@@ -725,9 +725,10 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classmate-memory", type=float, default=None,
                    help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
     a = p.parse_args(argv)
-    changes = before_list(a)
-    if any(c not in BEFORE_CHANGES for c in changes) or len(set(changes)) != len(changes):
-        p.error(f"--before {a.before}: a comma-separated list of {', '.join(BEFORE_CHANGES)}, each at most once")
+    try:
+        changes = before_list(a)
+    except ValueError as e:
+        p.error(f"--before {a.before}: {e}")
     if a.before and not a.interleave:
         p.error("--before needs --interleave: it compares the steps of one run")
     if a.before and a.per_key_syncs == "alternate":

@@ -26,19 +26,29 @@ def alternating() -> bool:
     return os.environ.get(ALTERNATE_ENV) == "1"
 
 
-def before_changes() -> tuple[str, ...]:
-    """The changes of :data:`BEFORE_ENV`, in its order (empty when unset). A value that is not a list of known changes,
-    each once, raises ValueError: a benchmark that silently measured nothing would report a pair of equal paths."""
-    raw = os.environ.get(BEFORE_ENV, "")
+def parse_changes(raw: str) -> tuple[str, ...]:
+    """The changes of a comma-separated list (``--before`` of ``bench/step_time.py``, or :data:`BEFORE_ENV`), in its
+    order; empty for "". A list with an unknown change or one twice raises ValueError: a benchmark that silently
+    measured nothing would report a pair of equal paths."""
     changes = tuple(raw.split(",")) if raw else ()
     if any(c not in BEFORE_CHANGES for c in changes) or len(set(changes)) != len(changes):
-        raise ValueError(f"{BEFORE_ENV}={raw}: a comma-separated list of {', '.join(BEFORE_CHANGES)}, each at most once")
+        raise ValueError(f"a comma-separated list of {', '.join(BEFORE_CHANGES)}, each at most once")
     return changes
 
 
-def before_path(step: int) -> str | None:
-    """The change whose before path step ``step`` (1-based; an actor update or a rollout batch) takes, or None for the
-    launcher's own path.
+def before_changes() -> tuple[str, ...]:
+    """The changes of :data:`BEFORE_ENV` (:func:`parse_changes`; empty when unset)."""
+    raw = os.environ.get(BEFORE_ENV, "")
+    try:
+        return parse_changes(raw)
+    except ValueError as e:
+        raise ValueError(f"{BEFORE_ENV}={raw}: {e}") from None
+
+
+def path_index(step: int) -> int:
+    """The path step ``step`` (1-based; an actor update or a rollout batch) takes: 0 for the launcher's own, else the
+    1-based position in :data:`BEFORE_ENV` of the change whose before path it takes (the experience maker logs it as
+    ``bench/before``).
 
     The steps go in blocks: one step, or under the GDPO / GRPO alternation two (a GDPO step and the GRPO step after
     it share a path). Block 1 takes the own path, block 2 the first change's before path, block 3 the second's, ...,
@@ -47,18 +57,16 @@ def before_path(step: int) -> str | None:
     an after step of its kind ``index * block`` steps earlier, in the same cycle."""
     changes = before_changes()
     if not changes or step < 1:
-        return None
-    index = (step - 1) // block() % (len(changes) + 1)
-    return changes[index - 1] if index else None
+        return 0
+    return (step - 1) // block() % (len(changes) + 1)
+
+
+def before_path(step: int) -> str | None:
+    """The change whose before path step ``step`` takes (:func:`path_index`), or None for the launcher's own path."""
+    index = path_index(step)
+    return before_changes()[index - 1] if index else None
 
 
 def block() -> int:
-    """Steps per block of :func:`before_path`: 2 under the GDPO / GRPO alternation, else 1."""
+    """Steps per block of :func:`path_index`: 2 under the GDPO / GRPO alternation, else 1."""
     return 2 if alternating() else 1
-
-
-def path_index(step: int) -> int:
-    """0 for the launcher's own path, else the 1-based position of the change in :data:`BEFORE_ENV` (the value the
-    experience maker logs as ``bench/before``)."""
-    change = before_path(step)
-    return 0 if change is None else before_changes().index(change) + 1
