@@ -59,7 +59,7 @@ is warm-up; each change gets its before minus after rows (:data:`CHANGE_ROWS`) o
 against the after step that opened its cycle, and counts with at least ``MIN_STEADY`` steady steps on both sides.
 So one ~36-step run (9 steps per path) measures all three changes as before/after pairs in one device call, where a
 run per change under the GDPO / GRPO alternation needed ~36 steps each. The GDPO / GRPO ratio is not measured there
-(no GRPO steps). Files carry ``_gdpo-only`` and ``_before-dispatch+seeds+syncs``.
+(no GRPO steps). Files carry ``_gdpo-only`` and ``_before-dispatch-seeds-syncs``.
 
 ``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
 """
@@ -126,7 +126,7 @@ def variant(a) -> str:
             + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}")
             + ("_seeded" if getattr(a, "seed_requests", False) else "")
             + ("_gdpo-only" if gdpo_only(a) else "")
-            + (f"_before-{a.before.replace(',', '+')}" if getattr(a, "before", None) else ""))
+            + (f"_before-{a.before.replace(',', '-')}" if getattr(a, "before", None) else ""))
 
 
 def gdpo_only(a) -> bool:

@@ -5,6 +5,7 @@ device call never fails on a flag that CPU parsing would already refuse. The run
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -515,7 +516,8 @@ def test_several_changes_reach_the_launcher_as_one_list_without_the_alternation(
     a = step_time.parse_cli(["--interleave", "--runs", "gdpo", "--before", "dispatch,seeds,syncs", "--placement",
                              "share"])
     assert step_time.launcher_env(a, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_BEFORE": "dispatch,seeds,syncs"}
-    assert step_time.variant(a) == "_gdpo-only_before-dispatch+seeds+syncs"
+    # the device tool returns only files named in letters, digits, '.', '_' and '-' (a '+' kept the first JSON back)
+    assert step_time.variant(a) == "_gdpo-only_before-dispatch-seeds-syncs"
     both = step_time.parse_cli(["--interleave", "--before", "seeds,syncs"])
     assert step_time.launcher_env(both, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1",
                                                              "OPENRLHF_CLASSMATE_BENCH_BEFORE": "seeds,syncs"}
@@ -542,7 +544,7 @@ def test_several_changes_tiny_gdpo_only_run_cycles_through_the_paths(tmp_path):
     """The script path on CPU (tiny models, HF engines, classmate placement share, 8 GDPO steps): the launcher cycles
     after, dispatch, seeds, syncs; the samples generator sends the dispatch steps' requests after the batch and the
     real actor takes upstream's metric syncs on the syncs steps, each reporting it per step."""
-    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_share_gdpo-only_before-dispatch+seeds+syncs.json",
+    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_share_gdpo-only_before-dispatch-seeds-syncs.json",
                             "--runs", "gdpo", "--before", "dispatch,seeds,syncs", "--placement", "share")
     scalars = _bench("step_time").launcher_step_scalars(row["log"])
     assert scalars["train/bench/before"] == {s: float((s - 1) % 4) for s in range(1, 9)}
@@ -665,6 +667,36 @@ def test_the_committed_two_call_step_time_follows_from_its_steps():
     combined = step_time.combine_calls(result["calls"])
     assert combined == {k: result[k] for k in combined}
     assert combined["ratios"] == ratios and combined["call_spread"] == 0.019 and combined["calls_agree"]
+
+
+def test_the_committed_before_after_pairs_follow_from_their_steps():
+    # issue 26's three pairs (one H200, 2026-11-28, 36 GDPO steps cycling after, dispatch, seeds, syncs): each
+    # figure is recomputed here from the per-step seconds the JSON keeps, the medians and each before step against
+    # the after step that opened its cycle (1, 2 or 3 steps earlier)
+    path = os.path.join(REPO, "bench", "gpu_results", "wave9",
+                        "step_time_1gpu_interleaved_share_gdpo-only_before-dispatch-seeds-syncs.json")
+    call = json.load(open(path))["calls"][0]
+    after = {tag: {int(s): v for s, v in per.items()} for tag, per in call["gdpo"]["per_step"].items()}
+    assert sorted(after["timing/step_total"]) == [5, 9, 13, 17, 21, 25, 29, 33]
+    figures = {}
+    for change, tag in [("dispatch", "timing/make_experience"), ("dispatch", "timing/step_total"),
+                        ("dispatch", "classmate/wait_time"), ("seeds", "classmate/wait_time"),
+                        ("seeds", "timing/step_total"), ("syncs", "timing/ppo_train")]:
+        gap = {"dispatch": 1, "seeds": 2, "syncs": 3}[change]
+        before = {int(s): v for s, v in call["paths"][change]["gdpo"]["per_step"][tag].items()}
+        assert len(before) == 8 and all((s - gap) in after[tag] for s in before)
+        pairs = [before[s] - after[tag][s - gap] for s in sorted(before)]
+        figures[change, tag] = (round(statistics.median(before.values()) - statistics.median(after[tag].values()), 2),
+                                round(statistics.median(pairs), 2), round(min(pairs), 2), round(max(pairs), 2))
+    assert figures == {
+        ("dispatch", "timing/make_experience"): (1.99, 1.75, 0.93, 2.35),  # all 8 pairs slower before: it counts
+        ("dispatch", "timing/step_total"): (2.03, 1.81, -1.97, 3.47),
+        ("dispatch", "classmate/wait_time"): (0.92, 0.87, 0.18, 1.33),
+        ("seeds", "classmate/wait_time"): (0.08, 0.05, -0.04, 0.16),
+        ("seeds", "timing/step_total"): (0.48, 0.48, -3.87, 1.71),
+        ("syncs", "timing/ppo_train"): (0.55, 0.76, -2.0, 2.21),
+    }
+    assert call["counts"] == {"dispatch": True, "seeds": True, "syncs": True}
 
 
 def test_an_earlier_call_of_other_settings_is_refused_before_the_run():
