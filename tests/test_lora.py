@@ -38,6 +38,17 @@ def _lora_actor(path: str) -> Actor:
     return actor
 
 
+def _unreachable_answers(data: str) -> None:
+    """Every row's ground truth becomes -1, which the world's vocabulary (digits 0-4, no minus) cannot write: every
+    score is 0 in every run, so what moves the policy does not depend on what it happened to sample."""
+    with open(data, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    with open(data, "w", encoding="utf-8") as f:
+        for row in rows:
+            row["label"] = json.dumps({**json.loads(row["label"]), "ground_truth": "-1"})
+            f.write(json.dumps(row) + "\n")
+
+
 def test_the_engine_gets_the_merged_lora_weights_and_serves_the_trained_policy(tmp_path):
     path = save_tiny_model(str(tmp_path / "policy"), WORDS, hidden_size=32, num_heads=4)
     actor = _lora_actor(path)
@@ -70,9 +81,13 @@ def test_a_lora_classmate_run_trains_the_adapter_and_keeps_the_self_classmate_th
 
     world = build_world(str(tmp_path / "world"))
     root = world["root"]
+    _unreachable_answers(world["data"])
     argv = launcher_argv(world, classmate=False, max_samples=4) + [
         "--classmate.model_name_or_path", world["policy"], "--classmate.max_new_tokens", "8",
-        "--classmate.estimator", "separated", "--ds.lora.rank", "4", "--ds.lora.alpha", "8"]
+        "--classmate.estimator", "separated", "--ds.lora.rank", "4", "--ds.lora.alpha", "8",
+        # the gradient that moves the adapter: every score is 0 here (zero advantages, and the KL term's gradient
+        # is 0 at the first step); left to the sampled rewards, the adapter stayed at its zero init in one CI run
+        "--actor.entropy_coef", "0.01"]
     argv[argv.index("--algo.advantage.estimator"):argv.index("--algo.advantage.estimator") + 2] = []
     log = str(tmp_path / "run.log")
     code = run_launcher(argv, log, cwd=REPO)
@@ -81,6 +96,7 @@ def test_a_lora_classmate_run_trains_the_adapter_and_keeps_the_self_classmate_th
         assert json.load(f) == {"policy": [1], "classmate": [0]}  # the self-classmate stays the base model
     tb = tensorboard_scalars(os.path.join(root, "tb"))
     assert set(tb["train/classmate/classmate_loss"]) == {1}
+    assert tb["train/reward"] == {1: 0.0} and tb["train/actor_grad_norm"][1] > 0
     final = os.path.join(root, "hf_final")
     assert os.path.isfile(os.path.join(final, "adapter_config.json"))  # upstream saves the adapter, not a merge
     base = AutoModelForCausalLM.from_pretrained(world["policy"], dtype=torch.float32)
