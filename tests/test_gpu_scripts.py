@@ -676,13 +676,14 @@ def test_the_committed_before_after_pairs_follow_from_their_steps():
     path = os.path.join(REPO, "bench", "gpu_results", "wave9",
                         "step_time_1gpu_interleaved_share_gdpo-only_before-dispatch-seeds-syncs.json")
     call = json.load(open(path))["calls"][0]
+    assert call["changes"] == ["dispatch", "seeds", "syncs"]
     after = {tag: {int(s): v for s, v in per.items()} for tag, per in call["gdpo"]["per_step"].items()}
     assert sorted(after["timing/step_total"]) == [5, 9, 13, 17, 21, 25, 29, 33]
     figures = {}
     for change, tag in [("dispatch", "timing/make_experience"), ("dispatch", "timing/step_total"),
                         ("dispatch", "classmate/wait_time"), ("seeds", "classmate/wait_time"),
                         ("seeds", "timing/step_total"), ("syncs", "timing/ppo_train")]:
-        gap = {"dispatch": 1, "seeds": 2, "syncs": 3}[change]
+        gap = call["changes"].index(change) + 1  # one step per block: no GRPO steps in this run
         before = {int(s): v for s, v in call["paths"][change]["gdpo"]["per_step"][tag].items()}
         assert len(before) == 8 and all((s - gap) in after[tag] for s in before)
         pairs = [before[s] - after[tag][s - gap] for s in sorted(before)]
