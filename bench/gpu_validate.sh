@@ -17,6 +17,9 @@
 #   vllm3           the deployment shape, classmate placement separate: actor/ref, policy engine, classmate engine
 #                   on a GPU each (3 GPUs: kind nvidia-h200-x4; skipped with the reason on fewer)
 #   steptime1 steptime2   bench/step_time.py --gpus 1|2: GRPO vs classmate GDPO step-time breakdown (STEP_ARGS)
+#   capacity        issue 40: bench/capacity.py (CAP_ARGS, e.g. --cells 7b+1.5b/2k/2gpu,...): what fits where, a few
+#                   classmate GDPO steps per cell of shapes x lengths x GPUs; capacity.json; resumable (finished cells
+#                   are kept in $WORK/capacity): send it again until every cell has a row
 #   hf (= validate) bench/gpu_validate.py with HF engines (the first GPU validation)
 #   bench           bench/actor_update.py (BENCH_ARGS); all = validate + bench
 #   lossbench       bench/loss_overhead.py (LOSS_ARGS): loss forward + backward per micro-batch vs the model's
@@ -36,6 +39,7 @@
 #                   state.tar.gz: settings, stage markers and timings, evaluation rows, launcher logs and commands)
 # Legacy form: `bash bench/gpu_validate.sh validate|bench|all [WHEEL_DIR]` installs WHEEL_DIR first.
 #
+# VALIDATE_RUNS (comma-separated run names of bench/gpu_validate.py) narrows a vllm1/vllm2/vllm3 step to those runs.
 # BUDGET_S (default 570): seconds this call may take in all; the python steps skip runs that would not finish in
 # what is left (a device call is killed at 600 s), so every call returns its JSON. Work files: $WORK
 # (default $HOME/gpu_work; it survives between calls while the machine stays warm).
@@ -140,6 +144,8 @@ for step in "${steps[@]}"; do
         validate) sel=(--plan hf --name validate) ;;
         *) sel=(--plan "$step") ;;
       esac
+      # VALIDATE_RUNS=a,b: only these runs of the step's plan (e.g. the ones an earlier session did not run)
+      [ -n "${VALIDATE_RUNS:-}" ] && sel=(--runs "$VALIDATE_RUNS" --name "$step")
       [ "$step" = hf ] || [ "$step" = validate ] || need_vllm
       if [ "$step" = hf ] || [ "$step" = validate ]; then
         export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0  # HF engines (num_gpus=0) must still see the GPU
@@ -151,6 +157,11 @@ for step in "${steps[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/step_time.py --gpus "${step#steptime}" --out "$OUT" --budget-s "$(left)" ${STEP_ARGS:-} \
         || status=1 ;;
+    capacity)
+      need_vllm; need_trainer
+      # shellcheck disable=SC2086
+      python3 bench/capacity.py --out "$OUT" --work "$WORK/capacity" --models "$WORK/capacity_models" \
+        --budget-s "$(left)" ${CAP_ARGS:-} || status=1 ;;
     lossbench)
       # issue 19: loss forward + backward per micro-batch vs the model's (CUDA events)
       python3 bench/loss_overhead.py --out "$OUT/loss_overhead.json" ${LOSS_ARGS:-} || status=1 ;;

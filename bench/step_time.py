@@ -164,7 +164,7 @@ def build_model(path: str, shape: dict, seed: int) -> str:
     tokenizer = build_word_tokenizer(WORDS + fillers)
     if len(tokenizer) != shape["vocab_size"]:
         raise RuntimeError(f"tokenizer has {len(tokenizer)} entries, expected {shape['vocab_size']}")
-    config = LlamaConfig(**shape, tie_word_embeddings=True, bos_token_id=tokenizer.eos_token_id,
+    config = LlamaConfig(**{"tie_word_embeddings": True, **shape}, bos_token_id=tokenizer.eos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"

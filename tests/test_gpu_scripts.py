@@ -193,7 +193,7 @@ def test_gpu_validate_sh_parses_and_refuses_unknown_steps(tmp_path):
     assert res.returncode == 2 and "unknown step 'nonsense'" in res.stdout
     assert (tmp_path / "out" / "device.txt").read_text().startswith(("no GPU", "NVIDIA"))
     # a step that needs the carried vLLM refuses clearly on a machine without it
-    for step in ("evaluate", "gpudemo"):
+    for step in ("evaluate", "gpudemo", "capacity"):
         res = subprocess.run(["bash", "bench/gpu_validate.sh", step], cwd=REPO, capture_output=True, text=True,
                              env={**env, "VLLM_SITE": str(tmp_path / "none")}, timeout=120)
         assert res.returncode == 3 and "the machine is fresh" in res.stdout, (step, res.stdout)
@@ -736,3 +736,87 @@ def test_the_script_refuses_an_earlier_call_of_another_card_before_the_launcher(
     assert last.startswith("error: --previous bench/gpu_results/wave7/step_time_1gpu_interleaved_share.json: other "
                            "settings (device '1 x NVIDIA H100 80GB HBM3' there, 'cpu' here, models"), last
     assert not (tmp_path / "work" / "interleaved_1gpu").exists()  # no launcher run was started
+
+
+# ── bench/capacity.py: what fits where (issue 40) ──
+
+@pytest.fixture(scope="module")
+def capacity():
+    return _bench("capacity")
+
+
+def test_every_capacity_cell_parses_with_the_gpus_it_names(capacity, gpu_validate):
+    # the whole grid of issue 40 (3 policies x 2 classmates x 2 lengths x 1-2 GPUs), each cell's launch passing the
+    # launcher's own checks (upstream's batch arithmetic, the placement's bundles, the engines' memory sum)
+    assert len(capacity.GRID) == len(set(capacity.GRID)) == 24 and set(capacity.ORDER) <= set(capacity.GRID)
+    for name in capacity.GRID:
+        cell = capacity.parse_cell(name)
+        plan = capacity.plan(cell, 140.0)
+        args = parse_args(capacity.launcher_argv(cell, plan, "policy", "classmate", "d.jsonl", "/tmp/x", "vllm",
+                                                 2, 256, False))
+        assert gpu_validate.gpus_needed(args) == cell.gpus, name  # every model colocated on the cell's GPUs
+        assert args.train.colocate_all and args.classmate.placement == "share", name
+        assert args.vllm.num_engines == args.classmate.num_engines == cell.gpus, name
+        assert args.rollout.max_new_tokens == cell.response and args.data.max_len > cell.response
+        assert args.ds.zero_stage == (3 if cell.gpus == 2 else 2), name
+        assert args.vllm.gpu_memory_utilization + args.classmate.gpu_memory_utilization < 1
+        # per GPU: 16 responses, a whole number of micro-batches per optimizer step
+        assert args.train.batch_size // cell.gpus == 16
+        assert args.train.batch_size % (args.train.micro_batch_size * cell.gpus) == 0
+        assert args.ds.adam_offload == plan.adam_offload and args.ds.enable_sleep == plan.ds_sleep
+
+
+def test_capacity_shapes_are_qwen25s_parameter_counts(capacity):
+    # the parameter formula the memory plan uses, against the published sizes (Qwen2.5 adds q/k/v biases: +0.1%)
+    counts = {name: capacity.params(shape) / 1e9 for name, shape in capacity.SHAPES.items()}
+    assert counts == pytest.approx({"0.5b": 0.494, "1.5b": 1.543, "3b": 3.086, "7b": 7.615}, abs=0.002)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for name in ("0.5b", "7b"):  # tied LM head (step_time.build_model's default) and untied (7B)
+        small = dict(capacity.SHAPES[name], num_hidden_layers=2, vocab_size=1000)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(LlamaConfig(**{"tie_word_embeddings": True, **small}))
+        assert capacity.params(small) == sum(p.numel() for p in model.parameters()), name
+
+
+def test_capacity_plan_offloads_adam_only_where_the_training_state_cannot_fit(capacity):
+    cell = capacity.parse_cell
+    one_7b = capacity.plan(cell("7b+1.5b/2k/1gpu"), 140.0)
+    assert one_7b.adam_offload and one_7b.zero == 2  # 16 B/param x 7.6B = 114 GiB + reference: no room on one GPU
+    two_7b = capacity.plan(cell("7b+1.5b/2k/2gpu"), 140.0)
+    assert not two_7b.adam_offload and two_7b.zero == 3  # ZeRO-3 halves it
+    assert not capacity.plan(cell("1.5b+0.5b/8k/1gpu"), 140.0).adam_offload
+    # an 80 GB card: the training state fits, not beside the engines (DeepSpeed's states leave the GPU while they
+    # generate); a 64 GB one: Adam's states go to the CPU
+    on_80 = capacity.plan(cell("7b+1.5b/2k/2gpu"), 80.0)
+    assert on_80.ds_sleep and not on_80.adam_offload
+    assert capacity.plan(cell("7b+1.5b/2k/2gpu"), 64.0).adam_offload
+    # longer responses: smaller micro-batches, a larger KV cache for the engines
+    short, long = capacity.plan(cell("3b+0.5b/2k/1gpu"), 140.0), capacity.plan(cell("3b+0.5b/8k/1gpu"), 140.0)
+    assert (short.train_micro, long.train_micro) == (2, 1) and long.policy_util > short.policy_util
+    assert "Adam offload" in one_7b.summary() and "ZeRO-3" in two_7b.summary()
+
+
+def test_capacity_cell_names_are_checked_in_one_line(capacity, capsys):
+    with pytest.raises(SystemExit):
+        capacity.main(["--cells", "7b+1.5b/4k/2gpu", "--list"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "'7b+1.5b/4k/2gpu' is not a cell" in err and "e.g. 7b+1.5b/2k/2gpu" in err
+
+
+@pytest.mark.parametrize("log, outcome, stage", [
+    ("Traceback (most recent call last):\n  File \"vllm/v1/worker/gpu_worker.py\", in determine_available_memory\n"
+     "ValueError: Free memory on device (20.1/139.8 GiB) on startup is less than desired GPU memory utilization "
+     "(0.3, 41.9 GiB)", "OOM", "engine start"),
+    ("  File \"openrlhf/trainer/ray/ppo_actor.py\", line 120, in ppo_train\n  File \"deepspeed/runtime/engine.py\", "
+     "in backward\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.23 GiB", "OOM", "actor update"),
+    ("  File \"openrlhf_classmate/integration/experience_maker.py\", in make_experience_batch\n  File \"x.py\", in "
+     "forward\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.64 GiB", "OOM", "actor/ref forwards"),
+    ("  File \"transformers/modeling_utils.py\", in from_pretrained\ntorch.OutOfMemoryError: CUDA out of memory",
+     "OOM", "model load"),
+    ("Global step 1: {}\n[watchdog] killed after 600 s without output\n", "timeout", None),
+    ("Traceback (most recent call last):\n  File \"a.py\", in generate\nRuntimeError: NCCL error", "error", "rollout"),
+])
+def test_capacity_names_what_ran_out_and_where(capacity, log, outcome, stage):
+    assert capacity.failure(log) == (outcome, stage)
