@@ -15,12 +15,15 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from openrlhf_classmate.demo import report as R
 from openrlhf_classmate.demo.launch import RLConfig
 
 MAIN_SIZE = (64, 2)  # hidden size, layers (4 heads, MLP 4x): ~134k parameters
 CLASSMATE_SIZE = (32, 2)  # ~34k parameters
+DEFAULT_OUTPUT = "outputs/demo"
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the same at GPU scale with vLLM engines, in resumable stages (docs/demo.md).",
     )
     parser.add_argument("--output-dir", default=None,
-                        help=f"where everything goes (default outputs/demo; --gpu: {gpu.DEFAULT_OUTPUT})")
+                        help=f"where everything goes (default {DEFAULT_OUTPUT}; --gpu: {gpu.DEFAULT_OUTPUT}); a later "
+                        "run removes the files the demo recorded writing there, and nothing else")
     parser.add_argument("--seed", type=int, default=0, help="seeds the world, the warm-start, RL and evaluation")
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default 40; --quick: 10; --gpu: 100)")
     parser.add_argument("--eval-every", type=int, default=None,
@@ -65,15 +69,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.eval_every is not None and args.eval_every < 1:
         parser.error("--eval-every must be >= 1")
     gpu.check_arguments(parser, args)
+    R.check_output_dir(args.output_dir or (gpu.DEFAULT_OUTPUT if args.gpu else DEFAULT_OUTPUT))
     return args
 
 
 class Progress:
-    def __init__(self, num_stages: int):
+    def __init__(self, num_stages: int, on_stage_end: Callable[[], None] = lambda: None):
         self.start = time.time()
         self.num_stages = num_stages
         self.stage = 0
         self.timings: dict[str, float] = {}
+        self.on_stage_end = on_stage_end
 
     def header(self, text: str) -> float:
         self.stage += 1
@@ -86,6 +92,7 @@ class Progress:
 
     def done(self, name: str, since: float) -> None:
         self.timings[name] = time.time() - since
+        self.on_stage_end()
 
     @staticmethod
     def line(text: str) -> None:
@@ -101,28 +108,37 @@ def main(argv: list[str] | None = None) -> int:
 
         return gpu.main(args, argv)
 
-    import torch  # the package import above has already installed the CPU shims
-    from transformers import AutoModelForCausalLM
-
-    from openrlhf_classmate.demo import evaluate as E
-    from openrlhf_classmate.demo import launch as L
-    from openrlhf_classmate.demo import models as M
-    from openrlhf_classmate.demo import report as R
-    from openrlhf_classmate.demo import transfer as T
-    from openrlhf_classmate.demo import warmstart as S
-    from openrlhf_classmate.demo import world as W
-
     settings = QUICK if args.quick else FULL
     rl = dataclasses.replace(settings.rl, steps=args.steps or settings.rl.steps,
                              save_every=args.eval_every or settings.rl.save_every)
     if rl.steps * rl.prompts_per_step > settings.num_train:
         raise SystemExit(f"--steps {rl.steps} needs {rl.steps * rl.prompts_per_step} training prompts; the world has "
                          f"{settings.num_train}")
-    out = os.path.abspath(args.output_dir or "outputs/demo")
-    os.makedirs(out, exist_ok=True)
-    R.clear_previous_run(out)
+    out = os.path.abspath(args.output_dir or DEFAULT_OUTPUT)
+    R.clear_previous_run(out)  # the files earlier runs recorded writing, and nothing else
+    since = R.claim_output_dir(out)
     runs = ["classmate"] + (["grpo"] if args.compare_grpo else [])
-    progress = Progress(num_stages=3 + 2 * len(runs) + 1)
+    progress = Progress(num_stages=3 + 2 * len(runs) + 1, on_stage_end=lambda: R.record_written(out, since))
+    try:
+        return run_demo(args, settings, rl, out, runs, progress)
+    finally:
+        # also after a failure or Ctrl-C: the next run can then clear what this one wrote
+        R.record_written(out, since)
+
+
+def run_demo(args: argparse.Namespace, settings: Settings, rl: RLConfig, out: str, runs: list[str],
+             progress: Progress) -> int:
+    """The stages, writing into ``out`` (claimed by :func:`main`, which records what they write)."""
+    import torch  # the package import above has already installed the CPU shims
+    from transformers import AutoModelForCausalLM
+
+    from openrlhf_classmate.demo import evaluate as E
+    from openrlhf_classmate.demo import launch as L
+    from openrlhf_classmate.demo import models as M
+    from openrlhf_classmate.demo import transfer as T
+    from openrlhf_classmate.demo import warmstart as S
+    from openrlhf_classmate.demo import world as W
+
     print(f"Classmate CoT demo: seed {args.seed}, {rl.steps} RL steps, output {out}"
           f"{' (quick mode)' if args.quick else ''}", flush=True)
 

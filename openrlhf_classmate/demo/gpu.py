@@ -191,15 +191,21 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     if args._stage:  # a child process of the call below
         return 0 if GPUDemo(settings, out, argv).run_stage(args._stage) else EXIT_UNFINISHED
     if args.fresh:
-        R.clear_previous_run(out, gpu=True)
-    R.claim_output_dir(out)  # resuming: a folder of an earlier GPU demo run, or a new one
-    _check_settings(out, settings)
-    demo = GPUDemo(settings, out, argv, budget_s=args.budget_s, rl_steps_per_call=args.rl_steps_per_call)
-    if not demo.all_done():
-        _check_machine(settings)
-    print(f"GPU classmate CoT demo: seed {settings.seed}, {settings.rl.steps} RL steps of "
-          f"{settings.rl.prompts_per_step} prompts x {settings.rl.samples_per_prompt} samples, engine "
-          f"{settings.engine}{' (tiny)' if settings.tiny else ''}, output {out}", flush=True)
-    code = demo.run()
+        R.clear_previous_run(out)  # the files earlier calls recorded writing, and nothing else
+    since = R.claim_output_dir(out)  # resuming: a folder of an earlier GPU demo run, or a new one
+    try:
+        _check_settings(out, settings)
+        # the stages' child processes write, this process records after each stage
+        demo = GPUDemo(settings, out, argv, budget_s=args.budget_s, rl_steps_per_call=args.rl_steps_per_call,
+                       on_stage_end=lambda: R.record_written(out, since))
+        if not demo.all_done():
+            _check_machine(settings)
+        print(f"GPU classmate CoT demo: seed {settings.seed}, {settings.rl.steps} RL steps of "
+              f"{settings.rl.prompts_per_step} prompts x {settings.rl.samples_per_prompt} samples, engine "
+              f"{settings.engine}{' (tiny)' if settings.tiny else ''}, output {out}", flush=True)
+        code = demo.run()
+    finally:
+        # also after a failure or Ctrl-C: --fresh can then clear what this call wrote
+        R.record_written(out, since)
     sys.stdout.flush()
     return code

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from openrlhf_classmate.demo import gpu_world as G
 from openrlhf_classmate.demo import world as W
@@ -36,8 +37,9 @@ def line(text: str) -> None:
 
 class GPUDemo:
     def __init__(self, settings, out: str, argv: list[str], budget_s: float | None = None,
-                 rl_steps_per_call: int | None = None):
+                 rl_steps_per_call: int | None = None, on_stage_end: Callable[[], None] = lambda: None):
         self.s = settings
+        self.on_stage_end = on_stage_end  # after each stage in this process: its children's files are recorded here
         self.out = out
         self.argv = list(argv)
         self.budget_s = float("inf") if budget_s is None else budget_s
@@ -206,7 +208,7 @@ class GPUDemo:
             # the CPU check's tiny models run in this process: one thread each op is several times faster than two
             # threads spinning against each other on a small, busy machine
             torch.set_num_threads(1)
-        return run_stages(self.stages(), self.out, self.budget_s, self.timings)
+        return run_stages(self.stages(), self.out, self.budget_s, self.timings, on_stage_end=self.on_stage_end)
 
     def run_stage(self, name: str) -> bool:
         """One stage in this (child) process."""

@@ -1,12 +1,14 @@
-"""Artefacts of the demo: ``metrics.jsonl`` (from the runs' tensorboard events), ``curves.png`` and ``summary.md``."""
+"""Artefacts of the demo: ``metrics.jsonl`` (from the runs' tensorboard events), ``curves.png`` and ``summary.md``;
+and its output folder: the command-line check of ``--output-dir``, the record of the files the demo wrote there
+(:data:`MANIFEST`) and the clearing of those files, and only those, before a new run."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
-import shutil
 
+from openrlhf_classmate.demo.stages import write_json
 from openrlhf_classmate.demo.transfer import markdown as transfer_markdown
 
 # metrics.jsonl field <- tensorboard tag (the launcher logs every step under train/)
@@ -26,23 +28,46 @@ COLORS = {"classmate": "tab:blue", "grpo": "tab:orange"}
 STYLE_LABELS = {"skip": "skip-last"}  # a CoT shape's name in summary.md
 
 
-MARKER = ".openrlhf_classmate_demo"  # written into every folder the demo uses: what it may clear later
+MANIFEST = ".openrlhf_classmate_demo.json"  # the demo's record of every file it wrote in its folder
+OLD_MARKER = ".openrlhf_classmate_demo"  # what demo versions before that record left in their folder
+
+# where the demo writes in --output-dir: files, and folders it fills (the GPU demo's settings.json and stages/ too).
+# runs/ itself may hold other programs' runs: the demo's own are runs/classmate and runs/grpo
+OWN_FILES = ("metrics.jsonl", "curves.png", "summary.md", "summary.json", "settings.json", "eval_before.jsonl",
+             *(f"eval_after_{run}.jsonl" for run in RUN_LABELS))
+OWN_FOLDERS = ("world", "stages", *(f"runs/{run}" for run in RUN_LABELS))
+TOP_NAMES = {name.split("/")[0] for name in OWN_FILES + OWN_FOLDERS}
 
 
-# what clear_previous_run removes, besides eval_*.jsonl: (files, folders) of every demo run, and the GPU demo's too
-RUN_ARTEFACTS = (("metrics.jsonl", "curves.png", "summary.md", "summary.json"), ("runs", "world"))
-GPU_ARTEFACTS = (("settings.json",), ("stages",))
+def check_output_dir(path: str) -> None:
+    """The command line's check of ``--output-dir`` (both demos), before any work: one line refusing a folder the
+    demo must never fill and later clear (the file system's root, the home folder, a repository's root) or cannot
+    write (a file, a folder without write permission)."""
+    real = os.path.realpath(path)
+    existing = real  # the folder itself, or the nearest one above it that exists (the demo creates the rest)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    why = None
+    if real == os.path.dirname(real):
+        why = "the file system's root"
+    elif real == os.path.realpath(os.path.expanduser("~")):
+        why = "the home folder"
+    elif os.path.exists(os.path.join(real, ".git")):
+        why = "a repository's root (it holds .git)"
+    elif not os.path.isdir(existing):
+        why = "a file, not a folder" if existing == real else f"{existing} is a file"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = "cannot be written" if existing == real else f"{existing} cannot be written"
+    if why:
+        raise SystemExit(f"error: --output-dir {path}: {why}; give the demo a folder of its own")
 
 
-def _clearable(out: str) -> list[str]:
-    """The entries of ``out`` that :func:`clear_previous_run` would remove (everything else it never touches)."""
-    names = {*RUN_ARTEFACTS[0], *RUN_ARTEFACTS[1], *GPU_ARTEFACTS[0], *GPU_ARTEFACTS[1]}
-    return sorted(n + ("/" if os.path.isdir(os.path.join(out, n)) else "") for n in os.listdir(out)
-                  if n in names or (n.startswith("eval_") and n.endswith(".jsonl")))
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
 
 
 def _unmarked_demo_folder(out: str) -> bool:
-    """A folder a demo run wrote before :data:`MARKER` existed: its summary or GPU settings name a seed and RL
+    """A folder a demo run wrote before :data:`OLD_MARKER` existed: its summary or GPU settings name a seed and RL
     settings."""
     for name in ("summary.json", "settings.json"):
         try:
@@ -54,37 +79,112 @@ def _unmarked_demo_folder(out: str) -> bool:
     return False
 
 
-def claim_output_dir(out: str) -> None:
-    """Make ``out`` the demo's folder: a new one, one holding none of the entries the demo replaces (a log file the
-    user redirected there is fine), or one an earlier demo run wrote (:data:`MARKER`). A folder whose ``runs/``,
-    ``world/``, ``summary.*``, ... some other program wrote (a folder of training runs has a ``runs/``) is refused
-    in one line before anything in it is touched."""
-    if os.path.isdir(out) and not os.path.exists(os.path.join(out, MARKER)):
-        found = _clearable(out)
-        if found and not _unmarked_demo_folder(out):
-            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-            raise SystemExit(f"error: --output-dir {out} holds {shown}, which no demo run wrote (no {MARKER}): the "
-                             "demo replaces these names in its folder; give a new or empty folder")
+def _refuse_unrecorded(out: str) -> None:
+    """A folder without :data:`MANIFEST` holding names the demo writes: no record says which files there are the
+    demo's, so it is refused in one line, whoever wrote them (another program: a folder of training runs has a
+    ``runs/``; or a demo version that kept no record)."""
+    found = sorted(n + ("/" if os.path.isdir(os.path.join(out, n)) else "") for n in os.listdir(out)
+                   if n in TOP_NAMES)
+    if not found:
+        return
+    if os.path.exists(os.path.join(out, OLD_MARKER)) or _unmarked_demo_folder(out):
+        raise SystemExit(f"error: --output-dir {out} holds {_shown(found)} of an earlier demo version, which kept no "
+                         "record of the files it wrote: remove them, or give a new --output-dir")
+    raise SystemExit(f"error: --output-dir {out} holds {_shown(found)}, which no demo run recorded writing (no "
+                     f"{MANIFEST}): the demo writes these names in its folder; give a new or empty folder")
+
+
+def _read_manifest(out: str) -> dict[str, list[int]]:
+    """``{relative path: [size, mtime_ns]}`` of the files the demo recorded writing in ``out`` ({} without a record)."""
+    path = os.path.join(out, MANIFEST)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {str(k): [int(v[0]), int(v[1])] for k, v in json.load(f)["files"].items()}
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        raise SystemExit(f"error: --output-dir {out}: the demo's record of its files there, {MANIFEST}, cannot be "
+                         f"read ({type(e).__name__}: {e}), so its files cannot be told from others'; give another "
+                         "--output-dir") from None
+
+
+def _write_manifest(out: str, files: dict[str, list[int]]) -> None:
+    write_json(os.path.join(out, MANIFEST), {  # atomic: a crash leaves the old record or the new one, whole
+        "about": "the files python -m openrlhf_classmate.demo wrote in this folder ([size, mtime_ns]): a later run "
+                 "removes these and nothing else",
+        "files": dict(sorted(files.items()))})
+
+
+def _on_disk(out: str) -> dict[str, list[int]]:
+    """``{relative path: [size, mtime_ns]}`` of every file under the names the demo writes (:data:`OWN_FILES`,
+    :data:`OWN_FOLDERS`), whoever wrote it."""
+    found = {}
+    paths = [os.path.join(out, name) for name in OWN_FILES]
+    for folder in OWN_FOLDERS:
+        paths += [os.path.join(root, name) for root, _, names in os.walk(os.path.join(out, folder)) for name in names]
+    for path in paths:
+        if os.path.islink(path) or os.path.isfile(path):  # a link is recorded and removed as itself
+            st = os.lstat(path)
+            found[os.path.relpath(path, out)] = [st.st_size, st.st_mtime_ns]
+    return found
+
+
+def claim_output_dir(out: str) -> int:
+    """Make ``out`` the demo's folder (a new one, one holding none of the names the demo writes, or one with its
+    :data:`MANIFEST`) and return the time from which :func:`record_written` takes what appears under the demo's names
+    for the demo's. A folder holding those names without a record is refused in one line before anything is
+    touched."""
+    if os.path.isdir(out) and not os.path.exists(os.path.join(out, MANIFEST)):
+        _refuse_unrecorded(out)
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, MARKER), "w") as f:
-        f.write("written by python -m openrlhf_classmate.demo: it may clear its own artefacts in this folder\n")
+    _write_manifest(out, _read_manifest(out))
+    # the record's own time stamp rather than time.time(): the file system's clock and granularity, as every file the
+    # demo writes next will have (a network file system's clock may differ from this machine's)
+    return os.stat(os.path.join(out, MANIFEST)).st_mtime_ns
 
 
-def clear_previous_run(out: str, gpu: bool = False) -> None:
-    """Remove the artefacts a previous demo run left in ``out`` (and nothing else); ``gpu``: the GPU demo's too
-    (``settings.json`` and the stage markers). Only in a folder :func:`claim_output_dir` accepts."""
-    claim_output_dir(out)
-    files, folders = RUN_ARTEFACTS
-    if gpu:
-        files, folders = files + GPU_ARTEFACTS[0], folders + GPU_ARTEFACTS[1]
-    for name in files:
-        if os.path.isfile(os.path.join(out, name)):
-            os.remove(os.path.join(out, name))
-    for name in glob.glob(os.path.join(out, "eval_*.jsonl")):
-        os.remove(name)
-    for name in folders:
-        if os.path.isdir(os.path.join(out, name)):
-            shutil.rmtree(os.path.join(out, name))
+def record_written(out: str, since_ns: int) -> None:
+    """Record in :data:`MANIFEST` what the demo wrote in ``out``: every file under its names modified since
+    ``since_ns`` (:func:`claim_output_dir`'s time). What was there before keeps its entry, or stays out of the record:
+    a recorded file someone rewrote between two calls of the GPU demo, or another program's file, is then refused by
+    a later clear rather than removed. Called at the end of every stage and once more when the call ends, also on a
+    failure, so that a later run can clear what a failed one wrote; files that are gone leave the record."""
+    recorded = _read_manifest(out)
+    _write_manifest(out, {rel: stamp if stamp[1] >= since_ns else recorded[rel]
+                          for rel, stamp in _on_disk(out).items() if stamp[1] >= since_ns or rel in recorded})
+
+
+def clear_previous_run(out: str) -> None:
+    """Remove the files that earlier demo runs recorded writing in ``out`` (:data:`MANIFEST`), then the folders that
+    leaves empty; nothing else (another program's ``runs/<run>/`` stays). Refused in one line before anything is
+    removed where the folder does not match the record: a recorded file changed since the demo wrote it, or a file
+    under the names the demo writes that the record lacks (another program's, or one of a run killed before it
+    recorded it): a new run would remove or overwrite them. A folder without a record: :func:`claim_output_dir`'s
+    rule."""
+    if not os.path.isdir(out):
+        return
+    if not os.path.exists(os.path.join(out, MANIFEST)):
+        _refuse_unrecorded(out)
+        return
+    recorded, on_disk = _read_manifest(out), _on_disk(out)
+    odd = [f"{rel} (changed since the demo wrote it)" for rel in sorted(on_disk)
+           if rel in recorded and on_disk[rel] != recorded[rel]]
+    odd += [f"{rel} (not in the record)" for rel in sorted(on_disk) if rel not in recorded]
+    if odd:
+        raise SystemExit(f"error: --output-dir {out} holds {_shown(odd)}, which the demo's record ({MANIFEST}) does "
+                         "not account for: a new run would remove or overwrite them; move them out of the folder, or "
+                         "give another --output-dir")
+    # each recorded and unchanged; a recorded path outside the demo's names (an edited record) is never removed
+    for rel in on_disk:
+        os.remove(os.path.join(out, rel))
+        folder = os.path.dirname(os.path.join(out, rel))
+        while os.path.normpath(folder) != os.path.normpath(out) and not os.listdir(folder):
+            try:
+                os.rmdir(folder)
+            except OSError:  # a folder linked from elsewhere: the link stays
+                break
+            folder = os.path.dirname(folder)
+    _write_manifest(out, {})
 
 
 def strip_rows(result: dict) -> dict:

@@ -115,8 +115,9 @@ class Timings:
 
 
 def run_stages(stages: list[Stage], out: str, budget_s: float, timings: Timings, *, margin_s: float = 10.0,
-               log: Callable[[str], None] = print) -> int:
-    """Run the stages that are not done while they fit; 0 when all are done, else :data:`EXIT_UNFINISHED`."""
+               log: Callable[[str], None] = print, on_stage_end: Callable[[], None] = lambda: None) -> int:
+    """Run the stages that are not done while they fit; 0 when all are done, else :data:`EXIT_UNFINISHED`.
+    ``on_stage_end`` is called after each stage that ran, done or stopped (the GPU demo records what it wrote)."""
     t0 = time.time()
     todo = [s for s in stages if not is_done(out, s.name)]
     done = [s.name for s in stages if is_done(out, s.name)]
@@ -143,6 +144,7 @@ def run_stages(stages: list[Stage], out: str, budget_s: float, timings: Timings,
         finished = stage.run(t0 + budget_s - margin_s)
         seconds = time.time() - started
         timings.add(stage.name, seconds)
+        on_stage_end()
         log(f"[{stage.name}] {'done' if finished else 'stopped, work left'} in {_fmt(seconds)} "
             f"(estimate was ~{_fmt(estimate)})")
         if not finished:
