@@ -361,7 +361,9 @@ def wait_for_free_gpus(limit_s: float = 90.0, below_gib: float = 2.0) -> dict[in
         if all(v < below_gib for v in used.values()) or time.time() - t0 > limit_s:
             return {i: round(v, 1) for i, v in used.items()}
         if not stopped and time.time() - t0 > limit_s / 2:
-            subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=60)
+            # Ray's own module, not the `ray` command: pip --target installs (the GPU machine's) have no scripts
+            subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True,
+                           timeout=60)
             stopped = True
         time.sleep(2)
 
@@ -376,6 +378,39 @@ def estimate_s(cell: Cell, steps: int, shapes: dict[str, dict]) -> float:
     return start + steps * (decode + train + 20)
 
 
+def cell_row(cell: Cell, p: Plan) -> dict:
+    return {"cell": cell.name, "policy": cell.policy, "classmate": cell.classmate, "response": cell.response,
+            "gpus": cell.gpus, "prompts": cell.prompts, "samples": SAMPLES, "flags": p.summary(),
+            "plan": p.estimate_gib}
+
+
+# vLLM's line as an engine goes to sleep: what the rest of the GPU holds then (the actor/ref states, the other engine)
+IN_USE = re.compile(r"Sleep mode freed [\d.]+ GiB memory, ([\d.]+) GiB memory is still in use")
+
+
+def read_log(cell: Cell, text: str, steps: int) -> dict:
+    """What a launcher log says of a cell: ``runs`` with the last step's seconds, tokens/s per GPU and parts when it
+    logged ``steps`` steps, else the failure (:func:`failure`), and the most memory vLLM saw in use on a GPU as an
+    engine went to sleep (``vllm_in_use_gib``: a lower bound of the peak, from the log alone)."""
+    logged = dict(parsed for parsed in map(parse_step_line, text.splitlines()) if parsed)
+    in_use = [float(v) for v in IN_USE.findall(text)]
+    row: dict = {"vllm_in_use_gib": max(in_use) if in_use else None}
+    if len(logged) < steps:
+        outcome, stage = failure(text)
+        return {**row, "outcome": outcome, "stage": stage, "steps_logged": sorted(logged),
+                "log_tail": "\n".join(text.splitlines()[-60:])}
+    last = logged[max(logged)]
+    step_s = last.get("timing/step_total")
+    tokens = (last.get("response_length") or cell.response) * cell.prompts * SAMPLES
+    return {**row, "outcome": "runs", "stage": None, "step_s": step_s,
+            "step_s_all": [s.get("timing/step_total") for _, s in sorted(logged.items())],
+            "tokens_per_s_per_gpu": round(tokens / step_s / cell.gpus) if step_s else None,
+            "response_length": last.get("response_length"),
+            "parts": {k: last.get(k) for k in ("timing/generation", "timing/make_experience", "timing/ppo_train",
+                                               "timing/broadcast", "classmate/stage_time",
+                                               "classmate/stage_overlap_time")}}
+
+
 def measure(cell: Cell, a, models: dict[str, str], data: str, gpu_gib: float, timeout: float) -> dict:
     shapes = {k: TINY for k in SHAPES} if a.tiny else SHAPES
     p = plan(cell, gpu_gib, shapes)
@@ -384,9 +419,7 @@ def measure(cell: Cell, a, models: dict[str, str], data: str, gpu_gib: float, ti
     os.makedirs(root)
     argv = launcher_argv(cell, p, models[cell.policy], models[cell.classmate], data, root, a.engine, a.steps,
                          a.classmate_tokens, a.enforce_eager)
-    row = {"cell": cell.name, "policy": cell.policy, "classmate": cell.classmate, "response": cell.response,
-           "gpus": cell.gpus, "prompts": cell.prompts, "samples": SAMPLES, "flags": p.summary(), "plan": p.estimate_gib,
-           "argv": argv}
+    row = {**cell_row(cell, p), "argv": argv}
     sampler = MemorySampler()
     sampler.start()
     log = os.path.join(root, "launcher.log")
@@ -394,40 +427,46 @@ def measure(cell: Cell, a, models: dict[str, str], data: str, gpu_gib: float, ti
         result = run_until_steps(argv, log, a.steps, timeout)
     finally:
         row["peak_gib"] = sampler.stop()
-        row["after_gib"] = wait_for_free_gpus() if shutil.which("nvidia-smi") else {}
     row.update(exit=result["exit"], wall_s=result["wall_s"], stopped=result["stopped"],
                step_logged_at_s=result["step_logged_at_s"])
-    steps = result["steps"]
-    if result["exit"] == 0 and len(steps) >= a.steps:
-        last = steps[max(steps)]
-        step_s = last.get("timing/step_total")
-        tokens = last.get("response_length", cell.response) * cell.prompts * SAMPLES
-        row.update(outcome="runs", stage=None, step_s=step_s,
-                   step_s_all=[s.get("timing/step_total") for _, s in sorted(steps.items())],
-                   tokens_per_s_per_gpu=round(tokens / step_s / cell.gpus) if step_s else None,
-                   first_step_s=result["step_logged_at_s"].get(min(steps)),
-                   response_length=last.get("response_length"),
-                   parts={k: last.get(k) for k in ("timing/generation", "timing/make_experience", "timing/ppo_train",
-                                                  "timing/broadcast", "classmate/stage_time",
-                                                  "classmate/stage_overlap_time")})
-    else:
-        with open(log, errors="replace") as f:
-            text = f.read()
-        outcome, stage = failure(text)
-        row.update(outcome=outcome, stage=stage, steps_logged=sorted(steps),
-                   log_tail="\n".join(text.splitlines()[-60:]))
+    with open(log, errors="replace") as f:
+        row.update(read_log(cell, f.read(), a.steps))
+    if row["outcome"] == "runs":
+        row["first_step_s"] = result["step_logged_at_s"].get(min(result["step_logged_at_s"]))
+    # the next cell needs the GPUs back; a cleanup that fails must not cost this cell's row (it did once: the `ray`
+    # command is not on PATH where Ray is installed with pip --target)
+    try:
+        row["after_gib"] = wait_for_free_gpus() if shutil.which("nvidia-smi") else {}
+    except Exception as e:  # noqa: BLE001
+        row["cleanup_error"] = repr(e)[-500:]
     return row
+
+
+def rows_from_logs(pairs: list[str], steps: int, gpu_gib: float) -> list[dict]:
+    """Rows rebuilt from kept launcher logs (``CELL=PATH``, plain or gzipped) for cells whose row was lost: the
+    same reading as :func:`measure`, without the peak memory (only the sampler saw it) or the first-step time."""
+    import gzip
+
+    rows = []
+    for pair in pairs:
+        name, _, path = pair.partition("=")
+        cell = parse_cell(name)
+        with (gzip.open(path, "rt", errors="replace") if path.endswith(".gz") else open(path, errors="replace")) as f:
+            text = f.read()
+        rows.append({**cell_row(cell, plan(cell, gpu_gib)), **read_log(cell, text, steps), "from_log": path,
+                     "peak_gib": {}})
+    return rows
 
 
 def print_table(result: dict) -> None:
     print(f"\nwhat fits where, {result['device']}; {PROMPTS_PER_GPU} prompts x {SAMPLES} samples per GPU, "
           f"classmate {result['classmate_tokens']} tokens, {result['steps']} steps (the last timed)")
-    print("| policy | classmate | response | GPUs | outcome | peak GiB per GPU | step s | tokens/s per GPU | "
-          "first step s | flags |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| policy | classmate | response | GPUs | outcome | peak GiB per GPU | vLLM saw in use, GiB | step s | "
+          "tokens/s per GPU | first step s | flags |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["cells"]:
         if "skipped" in r:
-            print(f"| {r['cell']} | | | | not run: {r['skipped']} | | | | | |")
+            print(f"| {r['cell']} | | | | not run: {r['skipped']} | | | | | | |")
             continue
         outcome = r["outcome"] + (f" ({r['stage']})" if r.get("stage") else "")
         # the cell's own GPUs: the most used ones (a 1-GPU cell on a 2-GPU machine leaves the other idle)
@@ -435,8 +474,9 @@ def print_table(result: dict) -> None:
         step = f"{r['step_s']:.1f}" if r.get("step_s") else "-"
         tps = f"{r['tokens_per_s_per_gpu']:,}" if r.get("tokens_per_s_per_gpu") else "-"
         first = f"{r['first_step_s']:.0f}" if r.get("first_step_s") else "-"
+        seen = f"{r['vllm_in_use_gib']:.0f}" if r.get("vllm_in_use_gib") else "-"
         print(f"| {r['policy']} | {r['classmate']} | {r['response'] // 1024}k | {r['gpus']} | {outcome} | {peak} | "
-              f"{step} | {tps} | {first} | {r['flags']} |")
+              f"{seen} | {step} | {tps} | {first} | {r['flags']} |")
 
 
 def build_data(path: str, n: int) -> str:
@@ -464,6 +504,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "capacity_out"))
     p.add_argument("--budget-s", type=float, default=float("inf"), help="skip cells that would not end in time")
     p.add_argument("--fresh", action="store_true", help="measure again cells an earlier call measured")
+    p.add_argument("--from-log", default=None, metavar="CELL=LOG[,CELL=LOG]",
+                   help="rebuild the rows of these cells from kept launcher logs (.gz too) and print the table; "
+                        "nothing runs (no peak memory: only a live run samples it)")
+    p.add_argument("--device", default=None, help="the device named in --from-log's JSON")
     a = p.parse_args(argv)
     try:
         cells = [parse_cell(name.strip()) for name in a.cells.split(",") if name.strip()]
@@ -479,6 +523,18 @@ def main(argv: list[str] | None = None) -> None:
             pl = plan(cell, gpu_gib, shapes)
             print(f"{name:<20} {params(shapes[cell.policy]) / 1e9:5.2f}B + {params(shapes[cell.classmate]) / 1e9:4.2f}B"
                   f"  ~{estimate_s(cell, a.steps, shapes):4.0f} s  {pl.summary()}  (estimate GiB {pl.estimate_gib})")
+        return
+    if a.from_log:
+        try:
+            rows = rows_from_logs(a.from_log.split(","), a.steps, gpu_gib)
+        except (ValueError, OSError) as e:
+            p.error(f"--from-log: {e}")
+        result = {"device": a.device or "unknown", "gpu_gib": round(gpu_gib, 1), "engine": a.engine,
+                  "steps": a.steps, "classmate_tokens": a.classmate_tokens, "eager": a.enforce_eager, "cells": rows}
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "capacity.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        print_table(result)
         return
     start = time.time()
     os.makedirs(a.out, exist_ok=True)
