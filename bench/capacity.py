@@ -406,6 +406,10 @@ def read_log(cell: Cell, text: str, steps: int) -> dict:
             "step_s_all": [s.get("timing/step_total") for _, s in sorted(logged.items())],
             "tokens_per_s_per_gpu": round(tokens / step_s / cell.gpus) if step_s else None,
             "response_length": last.get("response_length"),
+            # the launcher's start-up breakdown at step 1 (integration/startup.py)
+            "first_step_s": logged[min(logged)].get("startup/first_step_s"),
+            "startup_s": {k.removeprefix("startup/"): v for k, v in logged[min(logged)].items()
+                          if k.startswith("startup/")},
             "parts": {k: last.get(k) for k in ("timing/generation", "timing/make_experience", "timing/ppo_train",
                                                "timing/broadcast", "classmate/stage_time",
                                                "classmate/stage_overlap_time")}}
@@ -431,7 +435,7 @@ def measure(cell: Cell, a, models: dict[str, str], data: str, gpu_gib: float, ti
                step_logged_at_s=result["step_logged_at_s"])
     with open(log, errors="replace") as f:
         row.update(read_log(cell, f.read(), a.steps))
-    if row["outcome"] == "runs":
+    if row["outcome"] == "runs" and row.get("first_step_s") is None:  # a launcher without the start-up metrics
         row["first_step_s"] = result["step_logged_at_s"].get(min(result["step_logged_at_s"]))
     # the next cell needs the GPUs back; a cleanup that fails must not cost this cell's row (it did once: the `ray`
     # command is not on PATH where Ray is installed with pip --target)

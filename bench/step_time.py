@@ -408,6 +408,11 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     if tb is None:
         tb = tensorboard_scalars(os.path.join(root, "tb"))
     row["response_length"] = _mean(list(tb.get("train/response_length", {}).values()))
+    # the launcher's start-up breakdown, logged at step 1 (integration/startup.py): launch to the end of step 1 and
+    # each phase before it
+    row["first_step_s"] = tb.get("train/startup/first_step_s", {}).get(1)
+    row["startup_s"] = {tag.removeprefix("train/startup/"): values[1] for tag, values in tb.items()
+                        if tag.startswith("train/startup/") and 1 in values}
     row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     if interleave:
         row.update(split_interleaved(tb, changes=before_list(a), block=1 if gdpo_only(a) else 2))

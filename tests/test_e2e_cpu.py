@@ -68,6 +68,14 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
         assert abs(tb["train/timing/step_total"][s] - parts) < 1e-3
     # placement separate: each prompt group's classmate requests left as soon as the group was generated
     assert tb["train/classmate/dispatched_per_group"] == {1: 1.0, 2: 1.0}
+    # the start-up breakdown, logged once at step 1 (issue 41): the phases add up to the time from the launcher
+    # process's start to step 1's end (a phase left out or counted twice breaks the sum)
+    phases = {k: v[1] for k, v in tb.items() if k.startswith("train/startup/") and k != "train/startup/first_step_s"}
+    assert set(phases) == {f"train/startup/{p}_s" for p in ("launcher", "ray", "policy_engines", "classmate_engines",
+                                                             "driver_setup", "models", "step_1")}
+    assert all(set(tb[k]) == {1} for k in phases) and all(v >= 0 for v in phases.values())
+    assert min(phases[f"train/startup/{p}_s"] for p in ("launcher", "ray", "models", "step_1")) > 0
+    assert sum(phases.values()) == pytest.approx(tb["train/startup/first_step_s"][1], abs=0.1)
     # the same metrics through OpenRLHF's wandb logger, offline
     records = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
     assert len(records) == 1 and b"classmate/stage_overlap_time" in open(records[0], "rb").read()
@@ -127,6 +135,7 @@ def test_async_classmate_training_with_kl_in_reward_and_overlong_penalty(tmp_pat
         assert set(tb[tag]) == {1, 2, 3}, tag
     assert all(v == 1.0 for v in tb["train/classmate/request_fraction"].values())  # no batch without its scores
     assert all(v == 1.0 for v in tb["train/classmate/dispatched_per_group"].values())  # sent per group (auto)
+    assert set(tb["train/startup/first_step_s"]) == {1} and tb["train/startup/ray_s"][1] > 0  # start-up, async too
     assert any(v != 0.0 for v in tb["train/classmate/main_kl_return"].values())  # the KL return is trained on
     penalties = tb["train/classmate/main_length_penalty"].values()
     assert all(-1.0 <= v <= 0.0 for v in penalties) and any(v < 0 for v in penalties)  # max_new_tokens 16, buffer 12

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 
 import openrlhf_classmate  # noqa: F401  (CPU shims first)
 from openrlhf_classmate.integration import mismatch, patches
@@ -21,6 +22,7 @@ from openrlhf_classmate.integration.classmate_config import (
     is_registry_reward_func,
     registry_reward_in_use,
 )
+from openrlhf_classmate.integration.startup import StartupClock, mark_launch
 
 INTEGRATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration")
 CLASSMATE_EXECUTOR_PATH = os.path.join(INTEGRATION_DIR, "classmate_executor.py")
@@ -126,10 +128,11 @@ class EngineFactory:
     factory object exists so that the classmate engines, created later by :class:`TrainerFactory`, can find the
     policy engines and their placement group (``share``) here."""
 
-    def __init__(self, args):
+    def __init__(self, args, clock: StartupClock | None = None):
         self.args = args
         self.policy_pg = None
         self.policy_engines: list = []
+        self.clock = clock or StartupClock()  # the engine groups' start-up seconds (integration/startup.py)
 
     def create(self, *args, **kwargs):
         """Engines of either group on the chosen backend; the arguments are ``create_vllm_engines``'s."""
@@ -171,11 +174,16 @@ class EngineFactory:
             bound["shared_pg"] = placement_group([{"GPU": 1, "CPU": 1}] * gpus, strategy="PACK")
             ray.get(bound["shared_pg"].ready())
         self.policy_pg = bound.get("shared_pg")
-        self.policy_engines = self.create(**bound)
+        with self.clock.phase("policy_engines"):
+            self.policy_engines = self.create(**bound)
         return self.policy_engines
 
     def classmate(self) -> tuple[list[list], bool]:
         """One engine group per classmate model; returns (groups, colocated with actor/ref)."""
+        with self.clock.phase("classmate_engines"):
+            return self._classmate()
+
+    def _classmate(self) -> tuple[list[list], bool]:
         args, cfg = self.args, self.args.classmate
         shared_pg, colocated = None, False
         if cfg.placement == "colocate":
@@ -236,7 +244,8 @@ class TrainerFactory:
 
         groups, colocated = self.engines.classmate() if classmate_enabled(self.args) else ([], False)
         self.handle = ray.remote(self.trainer_cls).remote(
-            *args, classmate_engines=groups, classmate_colocated=colocated, **kwargs
+            *args, classmate_engines=groups, classmate_colocated=colocated, startup=self.engines.clock.hand_over(),
+            **kwargs
         )
         return self.handle
 
@@ -249,9 +258,13 @@ def run(args) -> TrainerFactory:
     from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
     from openrlhf_classmate.integration.vllm_engine import engine_env
 
-    init_ray(args, {**reward_env(args), **engine_env(args)})
+    launched = mark_launch()
+    clock = StartupClock()
+    clock.seconds["launcher"] = time.time() - launched  # Python's imports, parsing, the preflight
+    with clock.phase("ray"):
+        init_ray(args, {**reward_env(args), **engine_env(args)})
     patches.install_experience()
-    engines = EngineFactory(args)
+    engines = EngineFactory(args, clock)
     trainer = TrainerFactory(args, engines)
     # from here upstream's train() finds our engine factory, actor class and trainer factory under its own names
     # (the table in integration/patches.py); it then runs unchanged
@@ -284,6 +297,8 @@ def check_scorer_environment() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Parse, run the preflight (``--check`` stops there), then train. Bad input ends in one line ``error: ...``."""
     from openrlhf_classmate.integration.preflight import PreflightError, preflight
+
+    mark_launch()  # the start-up breakdown counts from this process's start (integration/startup.py)
 
     try:
         args = parse_args(argv)

@@ -29,6 +29,8 @@ from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.classmate_config import dispatch_per_group
 from openrlhf_classmate.integration.classmate_stage import ClassmateRollout
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
+from openrlhf_classmate.integration.startup import breakdown as startup_breakdown
+from openrlhf_classmate.integration.startup import summary_line as startup_line
 
 logger = init_logger(__name__)
 
@@ -53,10 +55,15 @@ def classmate_tokenizers(args) -> list:
 
 class ClassmateControllerMixin(BasePPOTrainer):
     """What our controllers add to upstream's: the classmate experience maker, skipped all-invalid steps, valid-only
-    reward statistics, and the weight sync of the HF engine."""
+    reward statistics, the weight sync of the HF engine, and the start-up breakdown at step 1."""
 
-    def _setup_classmate(self, classmate_engines, colocated: bool) -> None:
+    _startup: dict | None = None  # until step 1 ends: the driver's start-up phases (StartupClock.hand_over)
+    _fit_started: float | None = None
+
+    def _setup_classmate(self, classmate_engines, colocated: bool, startup: dict | None = None) -> None:
         args = self.strategy.args
+        # the driver's start-up phases (StartupClock.hand_over); the models' load and step 1 are added here
+        self._startup, self._fit_started = startup or {"seconds": {}, "handed_over": None}, None
         self.classmate_engines = classmate_engines or []  # [K][engines]; never part of self.vllm_engines
         stage = None
         self.judge_client = None  # scores the classmate answers; its replies feed the step's judge metrics
@@ -94,7 +101,24 @@ class ClassmateControllerMixin(BasePPOTrainer):
             self.samples_generator.classmate_dispatch = stage.dispatch
             self.samples_generator.dispatch_next_per_group = self.experience_maker.next_batch_dispatches_per_group
 
+    def fit(self, *args, **kwargs):
+        self._fit_started = time.time()  # upstream's train() calls fit once the actor/ref models are loaded
+        return super().fit(*args, **kwargs)
+
     def train_step(self, rollout_samples, global_step: int):
+        status, next_step = self._train_step(rollout_samples, global_step)
+        if self._startup is not None:  # the first step that ends: where the time before it went, logged once
+            now, seconds, handed_over = time.time(), self._startup["seconds"], self._startup["handed_over"]
+            if self._fit_started is not None and handed_over is not None:
+                seconds["models"] = self._fit_started - handed_over
+                seconds["step_1"] = now - self._fit_started
+            metrics = startup_breakdown(seconds, now)
+            logger.info(startup_line(metrics))
+            status.update(metrics)
+            self._startup = None
+        return status, next_step
+
+    def _train_step(self, rollout_samples, global_step: int):
         """Upstream's step, plus the step's judge health (``judge/*`` and the valid fractions; a warning line when a
         judge request or a score failed). A batch with no valid main score is skipped (one warning line), and a run
         whose every step so far had none stops after ``--classmate.stop_after_invalid_steps`` of them."""
@@ -208,13 +232,13 @@ class ClassmateControllerMixin(BasePPOTrainer):
 class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class__):
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
-                 **generate_kwargs):
+                 startup=None, **generate_kwargs):
         from openrlhf_classmate.integration import patches
 
         patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
-        self._setup_classmate(classmate_engines, classmate_colocated)
+        self._setup_classmate(classmate_engines, classmate_colocated, startup)
 
     def evaluate(self, global_step, **generate_kwargs):
         """Upstream's evaluation, except that reward hooks that score evaluation samples (``scores_eval_samples``)
@@ -246,9 +270,9 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
 
 class ClassmateTrainingActor(TrainingActor.__ray_actor_class__, ClassmateControllerMixin):
     # MRO: upstream's TrainingActor (its vLLM lock around the weight sync) → our mixin → BasePPOTrainer
-    def __init__(self, *args, classmate_engines=None, classmate_colocated=False, **kwargs):
+    def __init__(self, *args, classmate_engines=None, classmate_colocated=False, startup=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self._setup_classmate(classmate_engines, classmate_colocated)
+        self._setup_classmate(classmate_engines, classmate_colocated, startup)
 
     def broadcast_to_vllm(self) -> None:
         # Ray ships this class to its worker with copies of the inherited methods of upstream's @ray.remote classes
@@ -304,14 +328,14 @@ class _RemoteWith:
 class ClassmatePPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
-                 **generate_kwargs):
+                 startup=None, **generate_kwargs):
         from openrlhf_classmate.integration import patches
 
         # upstream's __init__ creates its two actors through module globals: ours take their place (this process)
         patches.install_async_actors(
             generator=_RemoteWith(ClassmateGenerateSamplesActor, classmate_engines=classmate_engines),
             trainer=_RemoteWith(ClassmateTrainingActor, classmate_engines=classmate_engines,
-                                classmate_colocated=classmate_colocated),
+                                classmate_colocated=classmate_colocated, startup=startup),
         )
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
