@@ -15,9 +15,12 @@ import pytest
 import torch
 
 from openrlhf_classmate.integration.checkpoints import (
+    MARKER,
     CheckpointError,
+    begin_marked_save,
     choose_resume_tag,
     inspect_tag,
+    mark_complete,
     rotate_hf_folders,
     rotate_tags,
 )
@@ -26,13 +29,19 @@ MODEL = "mp_rank_00_model_states.pt"
 OPTIM = "bf16_zero_pp_rank_{}_mp_rank_00_optim_states.pt"
 
 
-def _tag(actor, step: int, ranks: int = 1, prefix: str = "") -> str:
+def _tag(actor, step: int, ranks: int = 1, prefix: str = "", marked: bool = False) -> str:
+    """A tag as DeepSpeed writes it; ``marked``: saved as ``ResilientDeepspeedStrategy.save_ckpt`` saves it."""
     tag = actor / f"{prefix}global_step{step}"
-    tag.mkdir(parents=True)
+    actor.mkdir(parents=True, exist_ok=True)
+    if marked:
+        begin_marked_save(str(actor), tag.name)
+    tag.mkdir()
     torch.save({"module": {"w": torch.arange(8.0)}, "global_steps": step}, tag / MODEL)
     for rank in range(ranks):
         torch.save({"optimizer_state_dict": {"rank": rank}}, tag / OPTIM.format(rank))
     (actor / "latest").write_text(f"{prefix}global_step{step}")
+    if marked:
+        mark_complete(str(tag), dp_world_size=ranks, zero_stage=2)
     return str(tag)
 
 
@@ -91,6 +100,73 @@ def test_resume_takes_latest_or_falls_back_to_the_newest_complete_older_tag(tmp_
     for tag in ("global_step3", "global_step2", "global_step1"):
         assert f"{actor}/{tag}/" in message
     assert "start without --ckpt.load_enable" in message
+
+
+def test_a_marked_tag_missing_its_highest_ranks_file_is_torn(tmp_path):
+    """Issue 43: rank 1's optimizer file gone from a 2-rank tag leaves no gap below the highest rank seen (0), so the
+    file checks alone took the tag, and rank 1 died in ``torch.load``; the completeness marker lists every file."""
+    actor = tmp_path / "_actor"
+    _tag(actor, 1, ranks=2, marked=True)
+    tag = _tag(actor, 2, ranks=2, marked=True)
+    assert inspect_tag(tag, zero_stage=2) is None
+    os.remove(os.path.join(tag, OPTIM.format(1)))
+    assert inspect_tag(tag, zero_stage=2) == (
+        f"{tag}/{OPTIM.format(1)} is missing (the optim states of data-parallel rank 1 of 2): the save wrote it "
+        f"({MARKER} lists it), so it was removed or not copied since")
+
+    choice = choose_resume_tag(str(actor), zero_stage=2)
+    assert choice.tag == "global_step1" and [t for t, _ in choice.skipped] == ["global_step2"]
+    assert f"{tag}/{OPTIM.format(1)} is missing" in choice.notes(str(actor))[0]
+
+    _tag(actor, 3, ranks=2, marked=True)  # the next save: the torn tag goes first, the complete older one stays
+    _aged(actor, "global_step1", "global_step2", "global_step3")
+    removed = rotate_tags(str(actor), "global_step3", 2, 1000, _metric, zero_stage=2)
+    assert [(os.path.basename(p), why.split(":")[0]) for p, why in removed] == [("global_step2", "incomplete")]
+    assert sorted(os.listdir(actor)) == ["checkpoint_markers.json", "global_step1", "global_step3", "latest"]
+
+    # a file replaced by another complete torch file of another size: only the marker sees it
+    tag3 = str(actor / "global_step3")
+    saved = os.path.getsize(os.path.join(tag3, OPTIM.format(0)))
+    torch.save({"optimizer_state_dict": {"rank": 0, "more": torch.zeros(64)}}, os.path.join(tag3, OPTIM.format(0)))
+    size = os.path.getsize(os.path.join(tag3, OPTIM.format(0)))
+    assert inspect_tag(tag3) == f"{tag3}/{OPTIM.format(0)} has {size} bytes, not the {saved} it had when " \
+                                f"saved ({MARKER}): cut short or changed since"
+    (actor / "global_step1" / MARKER).write_text("{")
+    assert inspect_tag(str(actor / "global_step1")) == f"{actor}/global_step1/{MARKER} cannot be read"
+
+
+def test_an_unmarked_tag_from_the_marked_steps_on_is_a_save_that_did_not_finish(tmp_path):
+    actor = tmp_path / "_actor"
+    _tag(actor, 1, ranks=2)  # saved before markers: a tag without one is judged by its files, as before
+    begin_marked_save(str(actor), "global_step2")  # the save of step 2 began, and died before its marker
+    _tag(actor, 2, ranks=2)
+    begin_marked_save(str(actor), "global_step3")  # the first marked step stays the record
+    assert json.loads((actor / "checkpoint_markers.json").read_text()) == {"from_step": 2}
+    assert inspect_tag(str(actor / "global_step1"), zero_stage=2) is None
+    assert inspect_tag(str(actor / "global_step2"), zero_stage=2) == (
+        f"{actor}/global_step2 has no {MARKER}: the save did not finish (saves into {actor} from step 2 on write it "
+        "last, after every rank's files)")
+    choice = choose_resume_tag(str(actor), zero_stage=2)
+    assert choice.tag == "global_step1" and [t for t, _ in choice.skipped] == ["global_step2"]
+
+    # saving a tag again: its old marker goes before the new files come, so a save dying half-way is not vouched for
+    mark_complete(str(actor / "global_step2"), dp_world_size=2, zero_stage=2)
+    assert choose_resume_tag(str(actor), zero_stage=2).tag == "global_step2"
+    begin_marked_save(str(actor), "global_step2")
+    assert "has no checkpoint_complete.json" in inspect_tag(str(actor / "global_step2"))
+
+
+def test_a_folder_without_markers_is_checked_as_before(tmp_path):
+    """Tags of upstream's save_ckpt (or of an earlier version of this project): no record, no marker, the file
+    checks only. A missing highest rank cannot be seen there: the reason the markers exist."""
+    actor = tmp_path / "_actor"
+    _tag(actor, 1, ranks=2)
+    tag = _tag(actor, 2, ranks=3)
+    os.remove(os.path.join(tag, OPTIM.format(1)))
+    assert "lacks the optim states of data-parallel rank(s) [1]" in inspect_tag(tag)
+    os.remove(os.path.join(tag, OPTIM.format(2)))
+    assert inspect_tag(tag, zero_stage=2) is None
+    assert choose_resume_tag(str(actor), zero_stage=2).tag == "global_step2"
 
 
 def test_a_newer_tag_than_latest_is_not_taken(tmp_path):
@@ -235,9 +311,12 @@ def test_a_save_killed_at_max_num_1_leaves_the_previous_checkpoint_to_resume_fro
     actor = str(tmp_path / "_actor")
     saved, killed = _engine("save", actor, "--saves", "1,2", "--max-num", "1", "--crash-in-save", "2")
     assert saved["saved"] == "global_step1" and killed["killed_after"] == "mp_rank_00_model_states.pt"
-    assert sorted(os.listdir(actor)) == ["global_step1", "global_step2", "latest", "zero_to_fp32.py"]
+    assert sorted(os.listdir(actor)) == ["checkpoint_markers.json", "global_step1", "global_step2", "latest",
+                                         "zero_to_fp32.py"]
     assert open(os.path.join(actor, "latest")).read() == "global_step1"
     assert "no *optim_states.pt" in inspect_tag(os.path.join(actor, "global_step2"), zero_stage=2)
+    assert sorted(os.listdir(os.path.join(actor, "global_step1"))) == [  # the marker of the save that finished
+        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", MARKER, "metric.json", "mp_rank_00_model_states.pt"]
 
     (resumed,) = _engine("resume", actor)
     assert resumed["loaded"] == "global_step1" and resumed["global_steps"] == 1 and resumed["data_step"] == 1
@@ -275,3 +354,34 @@ def test_rotation_on_a_real_engine_keeps_what_upstream_keeps(tmp_path):
     assert kept["best_False"] == ["best_global_step4", "global_step3"]
     for name in ("max_num", "metrics", "max_mem", "best"):
         assert kept[f"{name}_False"] == kept[f"{name}_True"], name  # upstream's policy, applied later
+
+
+@pytest.mark.slow
+def test_two_ranks_a_lost_file_of_the_highest_rank_resumes_from_the_complete_tag(tmp_path):
+    """Issue 43 on a real 2-rank ZeRO-2 run (gloo, one process per rank): rank 1's optimizer file of the newest tag
+    deleted. The resume chose that tag and rank 1 died in ``torch.load``; now both ranks load the complete earlier
+    tag, and the next save's rotation removes the torn one first (``max_num 2`` keeps the earlier tag)."""
+    from openrlhf_classmate.testing.gloo_ranks import run_ranks
+
+    actor = str(tmp_path / "_actor")
+    target = "openrlhf_classmate.testing.ckpt_engine:on_ranks"
+    saved = run_ranks(target, 2, {"save_dir": actor, "saves": [1, 2], "max_num": 2})
+    assert [r.get("error") for r in saved] == [None, None], saved[1]["log"][-3000:]
+    step2 = os.path.join(actor, "global_step2")
+    marker = json.load(open(os.path.join(step2, MARKER)))
+    assert marker["dp_world_size"] == 2 and marker["zero_stage"] == 2
+    assert {OPTIM.format(0), OPTIM.format(1), MODEL} <= set(marker["files"])
+    assert choose_resume_tag(actor, zero_stage=2).tag == "global_step2"
+
+    os.remove(os.path.join(step2, OPTIM.format(1)))
+    choice = choose_resume_tag(actor, zero_stage=2)
+    assert choice.tag == "global_step1"
+    assert f"{step2}/{OPTIM.format(1)} is missing (the optim states of data-parallel rank 1 of 2)" in choice.skipped[0][1]
+
+    resumed = run_ranks(target, 2, {"save_dir": actor, "saves": [3], "max_num": 2, "resume": True})
+    assert [r.get("error") for r in resumed] == [None, None], resumed[1]["log"][-3000:]
+    for r in resumed:
+        assert r["loaded"] == "global_step1" and r["global_steps"] == 1 and r["data_step"] == 1
+    assert resumed[0]["loaded_weights"] == resumed[1]["loaded_weights"] != saved[0]["weights"]  # step 1's, not 2's
+    assert f"Deleted checkpoint {step2} (incomplete: {step2}/{OPTIM.format(1)} is missing" in resumed[0]["log"]
+    assert [d for d in resumed[0]["listing"] if d.startswith("global_step")] == ["global_step1", "global_step3"]

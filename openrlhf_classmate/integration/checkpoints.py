@@ -8,11 +8,22 @@ such a tag fails deep inside ``torch.load`` with an error that names neither the
 checked file by file in milliseconds (no tensor is read): :func:`choose_resume_tag` takes ``latest`` when it is
 complete and otherwise the newest older complete tag, naming the broken file.
 
+The files alone cannot show a lost file of the *highest* rank: a 2-rank tag without rank 1's files looks like a
+1-rank tag, so a resume took it and rank 1 died in ``torch.load`` (issue 43). ``ResilientDeepspeedStrategy.save_ckpt``
+therefore writes a completeness marker, :data:`MARKER`, into the tag folder last, once every rank's files are on
+disk (:func:`mark_complete`): the data-parallel world size and every file with its size, so a file lost, cut short
+or replaced since is named. A save that dies leaves no marker; so that a missing marker means "not finished" and not
+"saved by an older version", the save folder's :data:`MARKED_FROM` records the first step saved with markers
+(:func:`begin_marked_save`). Tags without marker and record (upstream's saves, this project's before the marker) get
+the file checks only, as before. The resume choice and the rotation (torn tags first) see all of it through
+:func:`inspect_tag`.
+
 Nothing here imports DeepSpeed, so the launcher's preflight uses the same checks before Ray starts.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,6 +34,11 @@ from dataclasses import dataclass, field
 _TAG_RE = re.compile(r"^(?:best_)?global_step(\d+)$")
 _RANK_RE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt$")
 _HF_RE = re.compile(r"^(best_)?global_step(\d+)_hf$")
+
+MARKER = "checkpoint_complete.json"
+"""In a tag folder, written last: ``{"dp_world_size", "zero_stage", "files": {relative path: bytes}}``."""
+MARKED_FROM = "checkpoint_markers.json"
+"""In the save folder: ``{"from_step": N}``, the tags of step N and later carry a :data:`MARKER`."""
 
 
 class CheckpointError(RuntimeError):
@@ -57,11 +73,64 @@ def _torch_file_problem(path: str) -> str | None:
     return None
 
 
+def _write_json(path: str, data: dict) -> None:
+    """Whole or not at all: a reader never sees half a file (a crash leaves at most the ``.tmp`` file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def begin_marked_save(save_dir: str, tag: str) -> None:
+    """Before every rank writes ``tag`` into ``save_dir`` (rank 0, ahead of the save's first barrier): record that
+    tags from this step on carry a :data:`MARKER` (once per folder: the first such save's step; a tag without a
+    marker from then on is a save that did not finish), and remove the marker of an earlier save of the same tag,
+    which would otherwise vouch for a mix of old and new files should this save die."""
+    step = tag_step(tag)
+    record = os.path.join(save_dir, MARKED_FROM)
+    if step is not None and _read_json(record) is None:
+        _write_json(record, {"from_step": step})
+    try:
+        os.remove(os.path.join(save_dir, tag, MARKER))
+    except FileNotFoundError:
+        pass
+
+
+def tag_files(tag_dir: str) -> dict[str, int]:
+    """``{path relative to tag_dir: size in bytes}`` of every file under ``tag_dir`` but the marker."""
+    files = {}
+    for folder, _, names in os.walk(tag_dir):
+        for name in names:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, tag_dir)
+            if not rel.startswith(MARKER):
+                files[rel] = os.path.getsize(path)
+    return files
+
+
+def mark_complete(tag_dir: str, dp_world_size: int, zero_stage: int | None) -> None:
+    """Write ``tag_dir``'s :data:`MARKER` (rank 0, once every rank's files are on disk): the files and their sizes
+    as saved, so that a file lost or cut short later is seen, the highest rank's included."""
+    _write_json(os.path.join(tag_dir, MARKER), {"dp_world_size": dp_world_size, "zero_stage": zero_stage,
+                                                "files": tag_files(tag_dir)})
+
+
 def inspect_tag(tag_dir: str, zero_stage: int | None = None) -> str | None:
     """Why the checkpoint tag folder ``tag_dir`` cannot be resumed from (naming the file), or None if complete.
 
     ``zero_stage`` >= 1: the optimizer states live in per-rank ``*optim_states.pt`` files, so at least one must be
-    there (DeepSpeed writes them before ``latest``)."""
+    there (DeepSpeed writes them before ``latest``). Then the completeness marker (module docstring): every file it
+    lists present with its size, or, where the save folder's record says the tag's step carries one, the marker
+    itself."""
     if not os.path.isdir(tag_dir):
         return f"{tag_dir} does not exist"
     names = sorted(os.listdir(tag_dir))
@@ -81,6 +150,37 @@ def inspect_tag(tag_dir: str, zero_stage: int | None = None) -> str | None:
             problem = _torch_file_problem(os.path.join(tag_dir, name))
             if problem:
                 return f"{os.path.join(tag_dir, name)} {problem}"
+    return _marker_problem(tag_dir)
+
+
+def _marker_problem(tag_dir: str) -> str | None:
+    """What the tag's :data:`MARKER` says is lost (a file, or the marker itself where the save folder's record says
+    this step carries one), or None; a tag without marker or record (an older save) passes."""
+    tag_dir = os.path.normpath(tag_dir)
+    path = os.path.join(tag_dir, MARKER)
+    if not os.path.exists(path):
+        record = _read_json(os.path.join(os.path.dirname(tag_dir), MARKED_FROM)) or {}
+        from_step, step = record.get("from_step"), tag_step(os.path.basename(tag_dir))
+        if isinstance(from_step, int) and step is not None and step >= from_step:
+            return (f"{tag_dir} has no {MARKER}: the save did not finish (saves into {os.path.dirname(tag_dir)} from "
+                    f"step {from_step} on write it last, after every rank's files)")
+        return None
+    marker = _read_json(path)
+    files = marker.get("files") if marker else None
+    if not isinstance(files, dict):
+        return f"{path} cannot be read"
+    for name, size in files.items():
+        try:
+            actual = os.path.getsize(os.path.join(tag_dir, name))
+        except OSError:
+            m = _RANK_RE.search(name)
+            whose = f" (the {m.group(3)} states of data-parallel rank {int(m.group(1))} of " \
+                    f"{marker.get('dp_world_size')})" if m else ""
+            return (f"{os.path.join(tag_dir, name)} is missing{whose}: the save wrote it ({MARKER} lists it), so it "
+                    "was removed or not copied since")
+        if actual != size:
+            return (f"{os.path.join(tag_dir, name)} has {actual} bytes, not the {size} it had when saved ({MARKER}): "
+                    "cut short or changed since")
     return None
 
 

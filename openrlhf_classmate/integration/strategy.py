@@ -7,6 +7,14 @@
   new tag is complete: every rank's files written and ``latest`` naming it. Upstream deletes the old tags *before*
   writing the new one, so a crash during a save at ``--ckpt.max_num 1`` left no checkpoint to resume from. During a
   save N+1 tags may exist for a moment; a torn tag is the first to go.
+* ``save_ckpt`` ends, after the barrier that follows every rank's files, with rank 0 writing the tag's completeness
+  marker (``checkpoint_complete.json``: the data-parallel world size and every file's size), having recorded before
+  the save that tags from this step on carry one (``<save_dir>/checkpoint_markers.json``). Without it a tag missing
+  its highest rank's files looked complete (no gap below the highest rank seen): the resume took it and that rank
+  died in ``torch.load``, and the rotation kept it. The details: :mod:`openrlhf_classmate.integration.checkpoints`.
+  A decoupled (asynchronous) DeepSpeed checkpoint engine is still writing when the save returns, so its tags get no
+  marker: they are checked by their files and, as before, count as not complete yet at the save (older checkpoints
+  are kept).
 * ``save_model`` into ``<ckpt.path>/<tag>_hf`` (``--ckpt.save_hf``) rotates those folders with ``--ckpt.max_num``,
   as upstream rotates the DeepSpeed tags (the ``_hf`` folders used to pile up forever).
 * ``backward`` / ``optimizer_step`` of a model carrying a ``nonfinite_guard`` (the policy:
@@ -40,8 +48,10 @@ from openrlhf.utils.deepspeed import DeepspeedStrategy
 
 from openrlhf_classmate.integration.bench_switches import before_changes, before_path
 from openrlhf_classmate.integration.checkpoints import (
+    begin_marked_save,
     choose_resume_tag,
     inspect_tag,
+    mark_complete,
     read_latest,
     rotate_hf_folders,
     rotate_tags,
@@ -191,15 +201,22 @@ class ResilientDeepspeedStrategy(DeepspeedStrategy):
         from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
 
         assert isinstance(model, deepspeed.DeepSpeedEngine)
+        name = tag or f"global_step{model.global_steps}"  # DeepSpeed's name for tag=None
+        # a decoupled engine is still writing when save_checkpoint returns: no marker can vouch for its files
+        marked = not model.checkpoint_engine.is_decoupled()
         if self.is_rank_0():
             os.makedirs(save_dir, exist_ok=True)
-        torch_dist_barrier_and_cuda_sync()
+            if marked:
+                begin_marked_save(save_dir, name)
+        torch_dist_barrier_and_cuda_sync()  # the record (and no stale marker) is on disk before any rank's file
         model.save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
         if self.is_rank_0() and tag is not None:  # after the save, as upstream: no metric file without a checkpoint
             self._write_ckpt_metric(os.path.join(save_dir, tag), metric_value, metric_key=metric_key)
-        torch_dist_barrier_and_cuda_sync()  # every rank's files are on disk before rank 0 removes anything
+        torch_dist_barrier_and_cuda_sync()  # every rank's files are on disk before rank 0 marks or removes anything
         if self.is_rank_0():
-            self._rotate_complete(save_dir, tag or f"global_step{model.global_steps}", max_num, max_mem, save_latest)
+            if marked:
+                mark_complete(os.path.join(save_dir, name), model.dp_world_size, self.stage)
+            self._rotate_complete(save_dir, name, max_num, max_mem, save_latest)
         gc.collect()
 
     def _rotate_complete(self, save_dir: str, tag: str, max_num: int, max_mem: float, save_latest: bool) -> None:

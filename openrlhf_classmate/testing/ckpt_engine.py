@@ -1,5 +1,6 @@
-"""A real DeepSpeed engine (ZeRO-2, bf16, CPU, world size 1) that trains a tiny network and saves / resumes its
-checkpoints through the launcher's strategy, for the checkpoint rotation and crash tests.
+"""A real DeepSpeed engine (ZeRO-2, bf16, CPU, world size 1, or more through :func:`on_ranks`) that trains a tiny
+network and saves / resumes its checkpoints through the launcher's strategy, for the checkpoint rotation and crash
+tests.
 
 It runs as its own process (``python -m openrlhf_classmate.testing.ckpt_engine ...``) because it initialises
 ``torch.distributed`` and patches ``torch.cuda`` for the CPU, which must not leak into the test process; one JSON
@@ -14,6 +15,9 @@ object per line on stdout reports each save (weights, folder listing) and the re
 states and ``latest``. ``--upstream``: save with upstream's ``DeepspeedStrategy.save_ckpt`` instead of the subclass's
 override. ``rotate``: one engine saves, for each scenario ``{"dir", "tags", "max_num", "max_mem", "metrics",
 "upstream"}``, the listed tags into its folder and reports the folders left (many rotation cases in one process).
+
+:func:`on_ranks` is the same on several gloo ranks, one process each (``gloo_ranks.run_ranks``): an optional resume,
+then saves, as a data-parallel run writes them (one optimizer file per rank).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import sys
 CRASH_EXIT = 86
 
 
-def make_engine(seed: int = 0):
-    """(strategy, engine) of a fresh 4-8-1 network, ZeRO-2 bf16 with AdamW, through upstream's ``prepare``."""
+def make_engine(seed: int = 0, world_size: int = 1):
+    """(strategy, engine) of a fresh 4-8-1 network, ZeRO-2 bf16 with AdamW, through upstream's ``prepare``; each of
+    ``world_size`` ranks trains on a micro-batch of 2."""
     import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf)
     from openrlhf_classmate.integration.patches import install_cpu_runtime
 
@@ -43,7 +48,7 @@ def make_engine(seed: int = 0):
         os.environ.setdefault(name, value)
     args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
                        "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--ds.zero_stage", "2",
-                       "--ds.param_dtype", "bf16", "--train.batch_size", "2", "--train.micro_batch_size", "2",
+                       "--ds.param_dtype", "bf16", "--train.batch_size", str(2 * world_size), "--train.micro_batch_size", "2",
                        "--rollout.batch_size", "2", "--rollout.micro_batch_size", "2"])
     strategy = get_strategy(args)
     if not torch.distributed.is_initialized():
@@ -132,6 +137,24 @@ def cmd_resume(a) -> None:
     print(json.dumps({"loaded": load_path and os.path.basename(os.path.dirname(load_path)),
                       "global_steps": engine.global_steps, "data_step": states.get("data_step"),
                       "weights": weights(engine)}), flush=True)
+
+
+def on_ranks(rank: int, world_size: int, *, save_dir: str, saves: list[int], max_num: int = 3,
+             resume: bool = False) -> dict:
+    """One rank's part: with ``resume``, load what ``strategy.load_ckpt`` chooses in ``save_dir`` (from other initial
+    weights); then train to each step of ``saves`` and save tag ``global_step<step>`` with the subclass's
+    ``save_ckpt``. Returns the tag loaded, the weights after the load and at the end, and the folder listing."""
+    strategy, engine = make_engine(seed=1 if resume else 0, world_size=world_size)
+    out: dict = {"rank": rank}
+    if resume:
+        load_path, states = strategy.load_ckpt(engine, save_dir)
+        out.update(loaded=load_path and os.path.basename(os.path.dirname(load_path)),
+                   global_steps=engine.global_steps, data_step=states.get("data_step"), loaded_weights=weights(engine))
+    for step in saves:
+        while engine.global_steps < step:
+            train_step(engine)
+        type(strategy).save_ckpt(strategy, engine, save_dir, f"global_step{step}", max_num, 1000, {"data_step": step})
+    return {**out, "weights": weights(engine), "listing": _listing(save_dir)}
 
 
 def main(argv: list[str] | None = None) -> None:
