@@ -126,20 +126,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from openrlhf_classmate.data.io import atomic_outputs, check_outputs_spare_inputs
+    from openrlhf_classmate.data.io import atomic_outputs, check_output_dir, check_outputs_spare_inputs
+    from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport, check_model_path
     from openrlhf_classmate.rewards.likelihood import model_checksum
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if not args.in_place:
+            check_output_dir(args.output_dir)
             check_outputs_spare_inputs(args.output_dir, [os.path.basename(f) for f in args.files], args.files,
                                        hint="use --in-place to update the input files, or another --output-dir")
+        check_model_path("--model", args.model, PreflightReport())  # the launcher's check of a model path
         rows_by_file = {path: read_rows(path, args.label_key) for path in args.files}
-    except (DataError, OSError) as e:
+    except (DataError, PreflightError, OSError) as e:
         print(f"vrcli_baseline_ppl: error: {e}", file=sys.stderr)
         return 1
-    checksum = model_checksum(args.model)
-    actor, tokenizer = load_reference(args.model, args.dtype, args.attn_implementation, device)
+    try:
+        checksum = model_checksum(args.model)
+        actor, tokenizer = load_reference(args.model, args.dtype, args.attn_implementation, device)
+    except Exception as e:  # noqa: BLE001  (a hub id not reachable, a folder transformers cannot load: one line)
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        print(f"vrcli_baseline_ppl: error: --model {args.model}: cannot load it ({type(e).__name__}: {detail})",
+              file=sys.stderr)
+        return 1
     try:
         ppl = compute(args, rows_by_file, actor, tokenizer, device)
     except DataError as e:

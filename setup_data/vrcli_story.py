@@ -14,8 +14,9 @@ Label: ground_truth = next_chapter (the gold text the generator is scored on), d
 `datapoint_id`, else "<story_id>:<chapter_index>", else "<split>:<row>"), baseline_ppl (input's, else null; filled
 by the offline baseline job), story_id, chapter_index, next_chapter_header.
 Input rows need: story_text, next_chapter, chapter_index, next_chapter_header, next_chapter_synopsis,
-last_n_chapters (int or null); optional: prior_plot_summary, high_level_plot_summary, character_sheets
-(name -> sheet), story_id, datapoint_id, baseline_ppl. An optional section that is absent or null is left out.
+last_n_chapters (n >= 1, -1 for the whole story, or null); optional: prior_plot_summary, high_level_plot_summary,
+character_sheets (name -> sheet), story_id, datapoint_id, baseline_ppl. An optional section that is absent or null
+is left out.
 """
 
 from __future__ import annotations
@@ -49,8 +50,18 @@ def story_fields(location: str, row: dict) -> StoryFields:
         prior_plot_summary=optional(row, "prior_plot_summary", location),
         high_level_plot_summary=optional(row, "high_level_plot_summary", location),
         character_sheets=sheets,
-        last_n_chapters=optional(row, "last_n_chapters", location, int),
+        last_n_chapters=last_n_chapters(row, location),
     )
+
+
+def last_n_chapters(row: dict, location: str) -> int | None:
+    """n >= 1 (the story text holds the last n chapters), -1 (the whole story, the reference's value) or null (no
+    story section); any other number used to be read as "the whole story" without a word."""
+    value = optional(row, "last_n_chapters", location, int)
+    if value is not None and value < 1 and value != -1:
+        raise DataError(f"must be a chapter count n >= 1, -1 (the whole story) or null (no story section), got "
+                        f"{value}", location=location, field="last_n_chapters")
+    return value
 
 
 def filter_reason(args, fields: StoryFields, next_chapter: str, chapter_index: int, messages) -> str | None:

@@ -22,6 +22,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -71,6 +72,7 @@ def w(tmp_path_factory) -> dict:
     world["no_config"] = str(no_config)
     world["a_file"] = _jsonl(root / "a_file.txt", ["not a folder"])
     world["small_vocab"] = _shrunk_embedding(world["policy"], root / "small_vocab")
+    world["other_vocab"] = save_tiny_model(str(root / "other_vocab"), [*WORDS, "5"], seed=2, **kw)
     return world
 
 
@@ -275,6 +277,8 @@ LAUNCHER = [
       "is a file"),
     L("tensorboard dir is a file", lambda w, t: ["--logger.tensorboard_dir", w["a_file"]],
       "--logger.tensorboard_dir", "is a file"),
+    L("ckpt path under /proc (permission bits say writable to root)",
+      ["--ckpt.path", "/proc/openrlhf_classmate_x/ckpt"], "--ckpt.path", "/proc/openrlhf_classmate_x/ckpt", "cannot"),
     L("think tag not a token of the policy", ["--classmate.think_close", "</reasoning>"],
       "--classmate.think_close", "not one token"),
     L("after_think reward without the tag", ["--classmate.think_close", "</reasoning>"],
@@ -478,6 +482,12 @@ YAML = [
     Y("yaml invalid choice", "classmate:\n  estimator: nope\n", "--classmate.estimator", "invalid choice",
       "set in --config"),
     Y("yaml list for a scalar", "classmate:\n  temperature: [0.5, 0.7]\n", "'classmate.temperature' takes one value"),
+    Y("yaml list of the wrong length", "classmate:\n  gdpo_weights: [1, 1, 1]\n", "run.yaml:2",
+      "'classmate.gdpo_weights' takes 2 values", "got 3"),
+    Y("yaml empty list", "classmate:\n  weights: []\n", "run.yaml:2", "'classmate.weights'", "empty list"),
+    Y("yaml scalar for a group of flags", "classmate: 5\n", "run.yaml:1", "'classmate' is a group of flags",
+      "mapping"),
+    Y("yaml list for a group of flags", "tinyv: [a, b]\n", "run.yaml:1", "'tinyv' is a group of flags"),
     Y("yaml value out of range", "classmate:\n  top_p: 1.5\n", "--classmate.top_p", "(0, 1]"),
     Y("yaml empty value", "classmate:\n  model_name_or_path:\n", "run.yaml:2", "'classmate.model_name_or_path'",
       "no value"),
@@ -545,11 +555,34 @@ SETUP_DATA = [
     S("setup output dir is the input's folder via a symlink", "gsm8k",
       lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]), "--output-dir",
                  str((t / "link").symlink_to(t) or t / "link")], "would replace the input file"),
+    S("setup output dir under /proc (permission bits say writable to root)", "gsm8k",
+      lambda t: ["--input", _jsonl(t / "train.jsonl", [GSM]), "--output-dir", "/proc/openrlhf_classmate_x/out"],
+      "/proc/openrlhf_classmate_x/out", "cannot be", "--output-dir"),
+    S("setup story last_n_chapters negative", "vrcli_story",
+      lambda t: ["--input", _jsonl(t / "train.jsonl", [_story_row(last_n_chapters=-2)]), "--output-dir",
+                 str(t / "o")], "train.jsonl:1", "last_n_chapters", "-2", "-1 (the whole story)"),
+    S("setup story last_n_chapters zero", "vrcli_story",
+      lambda t: ["--input", _jsonl(t / "train.jsonl", [_story_row(last_n_chapters=0)]), "--output-dir",
+                 str(t / "o")], "train.jsonl:1", "last_n_chapters", "got 0"),
+    S("vrcli baseline model missing", "vrcli_baseline_ppl",
+      lambda t: [_story_rows(t), "--model", str(t / "no_model"), "--output-dir", str(t / "o")], "--model",
+      "no_model does not exist"),
+    S("vrcli baseline model folder without config", "vrcli_baseline_ppl",
+      lambda t: [_story_rows(t), "--model", str(t), "--output-dir", str(t / "o")], "--model", "no config.json"),
+    S("vrcli baseline output dir under /proc", "vrcli_baseline_ppl",
+      lambda t: [_story_rows(t), "--model", str(t / "no_model"), "--output-dir", "/proc/openrlhf_classmate_x"],
+      "/proc/openrlhf_classmate_x", "--output-dir"),
     S("setup mmlu answer index out of range", "mmlu_sycophancy",
       lambda t: ["--input", _jsonl(t / "test.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 5,
                                                         "subject": "s"}]), "--output-dir", str(t / "o")],
       "test.jsonl:1", "answer"),
 ]
+
+
+def _story_row(**over) -> dict:
+    row = {"story_text": "Once upon a time.", "next_chapter": " ".join(["word"] * 250), "chapter_index": 3,
+           "next_chapter_synopsis": "SYN", "last_n_chapters": 1, "next_chapter_header": "Chapter 3"}
+    return {**row, **over}
 
 
 def _score(labels, responses=("1",), judge=None):
@@ -639,7 +672,7 @@ SCORING = [
     C("label empty", lambda: _raises(lambda: _score([""]), "LabelError"), "LabelError", "--data.label_key"),
     C("label a list", lambda: _raises(lambda: _score(["[1]"]), "LabelError"), "must be a JSON object"),
     C("unknown data_source", lambda: _raises(lambda: _score([{"data_source": "gsm8kk", "ground_truth": "1"}]), "x"),
-      "UnknownDataSourceError", "Did you mean 'gsm8k'"),
+      "UnknownDataSourceError", "Did you mean 'gsm8k'", "python -m openrlhf_classmate.scoring --list"),
     C("gsm8k ground truth missing", lambda: _raises(lambda: _score([{"data_source": "gsm8k"}]), "LabelError"),
       "LabelError", "field 'ground_truth'", "missing"),
     C("mmlu hint letter missing", lambda: _raises(lambda: _score([{"data_source": "cais/mmlu"}]), "LabelError"),
@@ -673,7 +706,7 @@ SCORING = [
 ]
 
 
-def _fake_tag(tmp: Path, broken: bool = False, garbage: bool = False) -> str:
+def _fake_tag(tmp: Path, broken: bool = False, garbage: bool = False, latest: str | bytes = "global_step1") -> str:
     actor = tmp / "ck" / "_actor"
     tag = actor / "global_step1"
     tag.mkdir(parents=True)
@@ -681,7 +714,7 @@ def _fake_tag(tmp: Path, broken: bool = False, garbage: bool = False) -> str:
     torch.save({}, tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
     if broken:
         (tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"PK\x03\x04 torn")
-    (actor / "latest").write_text("global_step1")
+    (actor / "latest").write_bytes(latest if isinstance(latest, bytes) else latest.encode())
     return str(tmp / "ck")
 
 
@@ -735,6 +768,14 @@ CONVERT = [
                                                            w["policy"]], "contains the checkpoint folder"),
     V("convert output is the base model", lambda w, t: [_fake_tag(t), w["policy"], "--overwrite", "--base-model",
                                                          w["policy"]], "is the base model folder"),
+    V("convert latest with a NUL byte", lambda w, t: [_fake_tag(t, latest="global_step1\x00"), str(t / "out")],
+      "'latest'", "\\x00", "--tag", "global_step1"),
+    V("convert latest naming a path", lambda w, t: [_fake_tag(t, latest="../../etc"), str(t / "out")],
+      "'latest'", "'../../etc'", "--tag"),
+    V("convert latest not UTF-8", lambda w, t: [_fake_tag(t, latest=b"\xff\xfe"), str(t / "out")], "'latest'",
+      "UTF-8", "--tag"),
+    V("convert tag naming a path", lambda w, t: [_fake_tag(t), str(t / "out"), "--tag", "../_actor/global_step1"],
+      "--tag", "not a checkpoint tag"),
     V("convert bad dtype", lambda w, t: [_fake_tag(t), str(t / "out"), "--dtype", "int8"], "--dtype",
       "invalid choice"),
     Case("convert base model of another size", "convert", lambda w, t: _mismatched_base(w, t),
@@ -801,6 +842,35 @@ EVALUATE = [
       "--gpu-memory-utilization", "finite"),
     E("evaluate think tag not in the tokenizer", lambda w, t: _ev(w, t, "--think-close", "</reasoning>"),
       "--think-open/--think-close"),
+    # issue 43 §4-§5: the launcher's checks, shared; evaluate's own flags in its messages
+    E("evaluate policy tokenizer larger than its embedding", lambda w, t: _ev(w, t) + ["--model", w["small_vocab"]],
+      "--model", "vocab_size", "resize_token_embeddings"),
+    E("evaluate classmate tokenizer larger than its embedding", lambda w, t: _ev(w, t, "--classmate",
+                                                                               w["small_vocab"]),
+      "--classmate", "vocab_size"),
+    E("evaluate reader tokenizer larger than its embedding", lambda w, t: _ev(w, t, "--reader", w["small_vocab"]),
+      "--reader", "vocab_size"),
+    E("evaluate splice with another vocabulary", lambda w, t: _ev(w, t, "--classmate", w["other_vocab"],
+                                                                  "--classmate-prompt-mode", "splice"),
+      "--classmate", "identical vocabularies", "--classmate-prompt-mode retokenize"),
+    E("evaluate TinyV rows without a verifier", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [
+        _row("bigmath_tinyv", "2", question="1 + 1 = ?")])), "d.jsonl:1", "--tinyv-base-url"),
+    E("evaluate TinyV URL without scheme", lambda w, t: _ev(w, t, "--tinyv-base-url", "host:1/v1"),
+      "--tinyv-base-url", "http(s) URL"),
+    E("evaluate rows scored only in training", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [
+        _row("vrcli_story", "red")])), "d.jsonl:1", "vrcli_story", "only in training", "--scorer"),
+    E("evaluate label empty", lambda w, t: _ev(w, t, data=_jsonl(t / "d.jsonl", [{"prompt": "x", "label": ""}])),
+      "d.jsonl:1", "--label-key"),
+    E("evaluate max-new-tokens as long as the model's context", lambda w, t: _ev(w, t, "--max-new-tokens", "512"),
+      "--max-new-tokens 512", "context of --model", "512 tokens"),
+    E("evaluate output dir under /proc (permission bits say writable to root)",
+      lambda w, t: _ev(w, t) + ["--output-dir", "/proc/openrlhf_classmate_x/eval"], "--output-dir",
+      "/proc/openrlhf_classmate_x/eval", "cannot be"),
+    Case("evaluate prompts longer than the model's context", "evaluate", lambda w, t: run_evaluate(_ev(
+        w, t, "--backend", "hf", "--max-new-tokens", "4", "--no-plot",
+        data=_jsonl(t / "d.jsonl", _long_prompt_rows(520)))), ("d.jsonl", "1 of 2 prompts", "longer than 508 tokens",
+                                                               "--max-new-tokens 4", "d.jsonl:2", "from the front"),
+         passes=True),
 ]
 
 
@@ -845,6 +915,9 @@ SANDBOX = [
          ("--grace-s", "finite")),
     Case("sandbox flag max-request-mb inf", "sandbox", lambda w, t: _sandbox_cli(["--max-request-mb", "inf"]),
          ("--max-request-mb", "finite")),
+    Case("sandbox flag port 70000", "sandbox", lambda w, t: _sandbox_cli(["--port", "70000"]),
+         ("--port", "70000", "65535")),
+    Case("sandbox flag port negative", "sandbox", lambda w, t: _sandbox_cli(["--port=-1"]), ("--port", "-1")),
     Case("sandbox flag default time limit above the maximum", "sandbox",
          lambda w, t: _sandbox_cli(["--default-time-limit", "90"]), ("default_time_limit", "max_time_limit")),
 ]
@@ -880,11 +953,15 @@ def test_bad_input(case: Case, w: dict, tmp_path: Path):
     if case.passes:
         assert code == 0, text
         warnings = [line for line in text.splitlines() if line.startswith("warning: ")]
+        if case.tool == "evaluate":
+            assert not any(re.search(r"--[a-z]+\.[a-z]", line) for line in warnings), warnings
         assert any(all(n in line for n in case.expect) for line in warnings), text
         return
     assert code != 0, f"accepted: {text}"
     errors = [line for line in text.splitlines() if "error:" in line]
     assert len(errors) == 1, f"expected one error line, got:\n{text}"
+    if case.tool == "evaluate":  # evaluate has no --group.name flags: its messages name its own
+        assert not re.search(r"--[a-z]+\.[a-z]", errors[0]), errors[0]
     for needle in case.expect:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
 

@@ -226,6 +226,29 @@ def test_vllm_finish_reasons_are_kept_and_failed_generations_are_invalid(world, 
     assert seen == {"abort", "repetition", "stop"}
 
 
+def test_prompts_longer_than_the_context_are_cut_from_the_front_with_the_launchers_warning(world, tmp_path,
+                                                                                          fake_vllm, capsys):
+    # issue 43 §4: evaluate said nothing of prompts longer than the model's context (vLLM refuses them); it now cuts
+    # them from the front to --max-model-len - --max-new-tokens, as OpenRLHF does in training, and warns as the
+    # launcher warns on the same file
+    long = " ".join(["1"] * 80) + " 2 + 1 = ?"
+    rows = [{"prompt": [{"role": "user", "content": text}], "label": json.dumps(
+        {"data_source": "arithmetic", "ground_truth": "3"})} for text in ("2 + 1 = ?", long)]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ev.build_parser().parse_args(["--model", world["policy"], "--data", str(data), "--output-dir",
+                                         str(tmp_path / "eval"), "--quiet", "--backend", "vllm", "--max-model-len", "64",
+                                         "--max-new-tokens", "16"])
+    ev.run(args)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "1 of 2 prompts are longer than 48 tokens" in warnings[0], warnings
+    assert "--model's context 64 (--max-model-len) - --max-new-tokens 16" in warnings[0]
+    prompts = [p["prompt_token_ids"] for p in fake_vllm.instances[0].calls[0]["prompts"]]
+    assert len(prompts[0]) < 48 and len(prompts[1]) == 48  # the short prompt as it was, the long one cut
+    assert "2 + 1 = ?" in fake_vllm.instances[0].tok.decode(prompts[1])  # its end kept
+    assert [r["score"] for r in _rows(tmp_path / "eval" / "samples.jsonl")] == [1.0, 1.0]  # both still answered
+
+
 def test_close_shuts_the_engine_core_down(world, fake_vllm):
     gen = VLLMGenerator(world["policy"], progress=False)
     calls = []
@@ -270,7 +293,7 @@ def test_monitor_and_judge_scoring_against_the_fake_judge(world, tmp_path, fake_
         args = ev.build_parser().parse_args([
             "--model", world["policy"], "--data", data, "--output-dir", str(tmp_path / "eval"), "--quiet",
             "--monitor", "--judge-base-url", server.base_url, "--classmate", world["classmate"],
-            "--classmate-max-new-tokens", "8"])
+            "--max-new-tokens", "64", "--classmate-max-new-tokens", "8"])  # the tiny policy's context: 512 tokens
         summary = ev.run(args)
         prompts = [m["content"] for body in server.requests for m in body["messages"]]
         models = {body["model"] for body in server.requests}

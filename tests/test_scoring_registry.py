@@ -47,9 +47,29 @@ def test_no_substring_or_case_insensitive_matching(data_source):
     with pytest.raises(UnknownDataSourceError) as err:
         resolve_data_source(data_source)
     message = str(err.value)
-    assert "Known names (exact match)" in message and "gsm8k" in message and "TIGER-Lab/MMLU-Pro" in message
+    assert "python -m openrlhf_classmate.scoring --list" in message and "exact, case-sensitive" in message
     assert err.value.field == "data_source" and err.value.data_source == data_source
     assert isinstance(err.value, ValueError)
+
+
+def test_the_unknown_name_message_is_one_short_line_naming_the_closest_match_and_the_list_command():
+    # it used to list every registered name and alias (800+ characters)
+    with pytest.raises(UnknownDataSourceError) as err:
+        resolve_data_source("gsm8kk")
+    message = str(err.value)
+    assert "Did you mean 'gsm8k'?" in message and "python -m openrlhf_classmate.scoring --list" in message
+    assert "\n" not in message and len(message) < 300, message
+    assert "TIGER-Lab/MMLU-Pro" not in message and "hendrycks_math" not in message
+
+
+def test_the_list_command_prints_every_registered_name(capsys):
+    from openrlhf_classmate.scoring.__main__ import main
+
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name, canonical in known_data_sources().items():
+        assert any(line.split()[0] == canonical and name in line for line in out.splitlines()), name
+    assert "_tinyv" in out  # the suffix rule
 
 
 def test_unknown_names_get_a_suggestion():

@@ -59,8 +59,10 @@ def _tokenizer_name(tokenizer) -> str:
     return getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
 
 
-def check_splice_compatible(main_tokenizer, classmate_tokenizer) -> None:
-    """Raise ValueError unless both tokenizers have identical vocabularies (``get_vocab()``)."""
+def check_splice_compatible(main_tokenizer, classmate_tokenizer, mode_flag: str = "--classmate.prompt_mode"
+                            ) -> None:
+    """Raise ValueError unless both tokenizers have identical vocabularies (``get_vocab()``); the message names
+    ``mode_flag`` (the calling tool's flag of the prompt mode)."""
     if main_tokenizer is classmate_tokenizer:
         return
     main_vocab, cm_vocab = main_tokenizer.get_vocab(), classmate_tokenizer.get_vocab()
@@ -70,7 +72,7 @@ def check_splice_compatible(main_tokenizer, classmate_tokenizer) -> None:
             f"classmate prompt mode 'splice' needs identical vocabularies, but main tokenizer "
             f"{_tokenizer_name(main_tokenizer)!r} ({len(main_vocab)} entries) and classmate tokenizer "
             f"{_tokenizer_name(classmate_tokenizer)!r} ({len(cm_vocab)} entries) differ (e.g. {differing}); "
-            f"use --classmate.prompt_mode retokenize"
+            f"use {mode_flag} retokenize"
         )
 
 

@@ -44,6 +44,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before deepspeed / openrlhf imports)
+from openrlhf_classmate.writable import write_problem
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # files of the base model copied next to the weights (tokenizer, chat template, generation config)
@@ -110,6 +111,12 @@ def find_checkpoint_root(ckpt_dir: str) -> str:
     )
 
 
+def _is_tag_name(tag: str) -> bool:
+    """``tag`` (from ``latest`` or ``--tag``) can name a tag folder of the checkpoint: one printable path component
+    (no NUL byte, no separator, not ``.`` / ``..``, not empty)."""
+    return bool(tag) and tag not in (".", "..") and "/" not in tag and os.sep not in tag and tag.isprintable()
+
+
 def resolve_tag(root: str, tag: str | None) -> str:
     available = _tags(root)
     listing = ", ".join(available) if available else "none"
@@ -117,9 +124,19 @@ def resolve_tag(root: str, tag: str | None) -> str:
         latest = os.path.join(root, "latest")
         if not os.path.isfile(latest):
             raise ConversionError(f"{root} has no 'latest' file; pass --tag (available tags: {listing})")
-        with open(latest, encoding="utf-8") as f:
-            tag = f.read().strip()
-    if not glob.glob(os.path.join(root, tag, "*model_states.pt")):
+        try:
+            with open(latest, encoding="utf-8") as f:
+                tag = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConversionError(f"the 'latest' file of {root} cannot be read as a tag name ({type(e).__name__}: "
+                                  f"{e}; DeepSpeed writes UTF-8 text): pass --tag (available tags: {listing})") from None
+        if not _is_tag_name(tag):
+            raise ConversionError(f"the 'latest' file of {root} names {tag!r}, not a checkpoint tag (the name of one "
+                                  f"folder in it, such as global_step20): pass --tag (available tags: {listing})")
+    elif not _is_tag_name(tag):
+        raise ConversionError(f"--tag {tag!r} is not a checkpoint tag (the name of one folder of the checkpoint, such "
+                              f"as global_step20); available tags: {listing}")
+    if not glob.glob(os.path.join(glob.escape(root), glob.escape(tag), "*model_states.pt")):
         raise ConversionError(f"checkpoint tag {tag!r} not found in {root} (available tags: {listing})")
     from openrlhf_classmate.integration.checkpoints import inspect_tag
 
@@ -307,12 +324,9 @@ def convert(
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConversionError(f"OUT_DIR {out_dir} is a file, not a model directory")
-    parent = os.path.dirname(out_dir)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConversionError(f"OUT_DIR {out_dir} cannot be created: {parent} is "
-                              f"{'a file' if not os.path.isdir(parent) else 'not writable'}")
+    problem = write_problem(os.path.dirname(out_dir))  # where the output is assembled and renamed into place
+    if problem:
+        raise ConversionError(f"OUT_DIR {out_dir} cannot be created: {os.path.dirname(out_dir)} {problem}")
     root = find_checkpoint_root(ckpt_dir)
     tag = resolve_tag(root, tag)
     base = find_base_model(root, tag, base_model)

@@ -6,7 +6,10 @@
 
 1. Read the rows (``{"prompt": messages, "label": "<json>"}``, as written by setup_data; ``--limit``), render each
    prompt with the model's chat template and generate ``--samples`` responses per prompt (greedy by default,
-   ``--temperature`` to sample) with vLLM when installed, else transformers (``--backend``).
+   ``--temperature`` to sample) with vLLM when installed, else transformers (``--backend``). Before anything loads
+   a model, the launcher's checks, shared: no tokenizer larger than its model's embedding (``--model``,
+   ``--classmate``, ``--reader``); prompts longer than the model's context minus ``--max-new-tokens`` are cut from
+   the front, as OpenRLHF cuts them in training, with the launcher's warning line.
 2. Split each response into CoT and final answer with the trainer's own split on token ids
    (``algo.spans.split_response_ids``: ``<think>`` ... ``</think>`` ids, a template that already opens the think block
    counts as opened, every EOS id of the generation config is a stop id) and score the answer with the scorer
@@ -116,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     judge.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge API key")
     judge.add_argument("--judge-max-concurrency", type=int, default=32)
     judge.add_argument("--judge-timeout", type=float, default=120.0)
+    tinyv = p.add_argument_group("TinyV verifier (rows of the _tinyv data sources)")
+    tinyv.add_argument("--tinyv-base-url", default=None,
+                       help="OpenAI-compatible API root of the TinyV verifier, e.g. http://127.0.0.1:8001/v1 "
+                            "(train_scripts/tinyv.sh starts one)")
+    tinyv.add_argument("--tinyv-model", default=None, help="verifier model name (default: the first the server lists)")
     out = p.add_argument_group("output")
     out.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -159,6 +167,9 @@ def read_rows(path: str, input_key: str, label_key: str, limit: int | None) -> l
             if label_key not in row:
                 raise EvaluationError(f"{location}: field {label_key!r} missing (scoring needs the label; "
                                       f"--label-key {label_key})")
+            if isinstance(row[label_key], str) and not row[label_key].strip():
+                raise EvaluationError(f"{location}: field {label_key!r} is empty; --label-key names the field "
+                                      "holding the JSON label (setup_data files: --label-key label)")
             try:
                 label = parse_label(row[label_key])
             except LabelError as e:
@@ -270,15 +281,11 @@ def _check_paths(args) -> None:
             raise EvaluationError(f"{flag} {path} is a file, not a model folder")
         elif looks_local(path):
             raise EvaluationError(f"{flag} {path} does not exist (and is not a hub id ORG/NAME)")
-    out = os.path.abspath(args.output_dir)
-    parent = out
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        what = "is a file" if parent == out else f"cannot be created: {parent} is a file"
-        raise EvaluationError(f"--output-dir {args.output_dir} {what}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise EvaluationError(f"--output-dir {args.output_dir} is not writable")
+    from openrlhf_classmate.writable import write_problem
+
+    problem = write_problem(args.output_dir)
+    if problem:
+        raise EvaluationError(f"--output-dir {args.output_dir} {problem}; give another --output-dir")
     _check_no_earlier_evaluation(args)
 
 
@@ -299,8 +306,15 @@ def _check_no_earlier_evaluation(args) -> None:
 
 
 def _check_args(args, rows: list[Row]) -> None:
-    from openrlhf_classmate.scoring import LabelError, get_scorer, monitor_is_binary, resolve_data_source
+    from openrlhf_classmate.scoring import (
+        HookScoredError,
+        LabelError,
+        get_scorer,
+        monitor_is_binary,
+        resolve_data_source,
+    )
     from openrlhf_classmate.scoring.sycophancy import JudgeNotConfiguredError
+    from openrlhf_classmate.scoring.tinyv import TinyVNotConfiguredError
 
     if args.no_think and (args.classmate or args.monitor):
         raise EvaluationError("--no-think: there is no CoT for --classmate or --monitor")
@@ -330,6 +344,14 @@ def _check_args(args, rows: list[Row]) -> None:
             get_scorer(name).check_label(row.label)
             if args.monitor:
                 monitor_is_binary(source)
+        except TinyVNotConfiguredError:
+            raise EvaluationError(f"{row.location}: data_source {source!r} is scored by the TinyV verifier: pass "
+                                  "--tinyv-base-url (e.g. http://127.0.0.1:8001/v1; train_scripts/tinyv.sh starts "
+                                  "one), or --scorer math_verify for the rule verdict alone") from None
+        except HookScoredError:
+            raise EvaluationError(f"{row.location}: data_source {source!r} is scored only in training (by a reward "
+                                  "hook of the trainer); evaluate has no scorer for it: leave those rows out of "
+                                  "--data, or give --scorer NAME") from None
         except LabelError as e:
             hint = " (--scorer)" if args.scorer != "auto" else ""
             raise EvaluationError(f"{row.location}: {e}{hint}") from None
@@ -391,10 +413,78 @@ def _generator(args, factory: Callable, model: str, max_model_len: int | None = 
                    max_model_len=max_model_len, progress=not args.quiet, enforce_eager=args.enforce_eager)
 
 
+def _configure_tinyv(args) -> None:
+    """``--tinyv-base-url`` / ``--tinyv-model``: the TinyV verifier of the _tinyv rows (in this process)."""
+    if args.tinyv_base_url is None:
+        if args.tinyv_model is not None:
+            raise EvaluationError("--tinyv-model is set but --tinyv-base-url is not: give the verifier's URL (e.g. "
+                                  "http://127.0.0.1:8001/v1)")
+        return
+    if not args.tinyv_base_url.startswith(("http://", "https://")):
+        raise EvaluationError(f"--tinyv-base-url must be an http(s) URL such as http://127.0.0.1:8001/v1, got "
+                              f"{args.tinyv_base_url!r}")
+    from openrlhf_classmate.scoring import TinyVConfig, configure_tinyv
+
+    configure_tinyv(TinyVConfig(base_url=args.tinyv_base_url, model=args.tinyv_model))
+
+
+def _check_models(args, tokenizer) -> None:
+    """The launcher's check of every model it loads, shared: no tokenizer larger than its model's embedding
+    (``--model``, ``--classmate``, every ``--reader``); with ``--classmate-prompt-mode splice``, readers with the
+    policy's vocabulary (checked before any generation, not after the policy's)."""
+    from openrlhf_classmate.algo.classmate_prompt import check_splice_compatible
+    from openrlhf_classmate.integration.preflight import vocab_problem
+
+    problem = vocab_problem("--model", args.model, lambda: tokenizer)
+    for reader in readers.readers_of(args):
+        if problem:
+            break
+        reader_tokenizer = _load_tokenizer(reader.flag, reader.model)
+        problem = vocab_problem(reader.flag, reader.model, lambda t=reader_tokenizer: t)
+        if problem is None and args.classmate_prompt_mode == "splice":
+            try:
+                check_splice_compatible(tokenizer, reader_tokenizer, mode_flag="--classmate-prompt-mode")
+            except ValueError as e:
+                problem = f"{reader.flag} {reader.model}: {e}"
+    if problem:
+        raise EvaluationError(problem)
+
+
+def _fit_context(args, rows: list[Row], prompt_ids: list[list[int]], backend: str) -> list[list[int]]:
+    """Prompts longer than the model's context leaves them next to ``--max-new-tokens`` are cut from the front, as
+    OpenRLHF cuts them in training, with the launcher's warning on the same file (``LongPrompts``, shared); a
+    ``--max-new-tokens`` that fills the context alone is refused, as the launcher refuses ``--data.max_len`` <=
+    ``--rollout.max_new_tokens``."""
+    from openrlhf_classmate.eval.common import model_context
+    from openrlhf_classmate.integration.preflight_data import LongPrompts
+
+    if backend == "vllm" and args.max_model_len:
+        context, source = args.max_model_len, "--max-model-len"
+    else:
+        context, source = model_context(args.model), "config.json max_position_embeddings"
+    if context is None:
+        return prompt_ids
+    if args.max_new_tokens >= context:
+        raise EvaluationError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the context of "
+                              f"--model {args.model} ({context} tokens, {source}): lower --max-new-tokens")
+    long = LongPrompts(room=context - args.max_new_tokens)
+    for row, ids in zip(rows, prompt_ids, strict=True):
+        long.add(len(ids), row.location)
+    warning = long.warning(f"--data {args.data}", f"--model's context {context} ({source}) - --max-new-tokens "
+                           f"{args.max_new_tokens}", "evaluate cuts them from the front, as OpenRLHF does in "
+                           "training, so the model never sees their beginning; lower --max-new-tokens or drop those "
+                           "rows")
+    if warning is None:
+        return prompt_ids
+    print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return [ids[-long.room:] for ids in prompt_ids]
+
+
 def check(args) -> list[Row]:
     """The cheap input checks (flags, paths, the data file and its labels); returns the rows."""
     _check_ranges(args)
     _check_paths(args)
+    _configure_tinyv(args)
     rows = read_rows(args.data, args.input_key, args.label_key, args.limit)
     _check_args(args, rows)
     return rows
@@ -418,6 +508,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     if not isinstance(template_kwargs, dict):
         raise EvaluationError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": true}'")
     tokenizer = _load_tokenizer("--model", args.model)
+    _check_models(args, tokenizer)
     _check_content_parts(rows, tokenizer, args.model, chat_template=not args.no_chat_template)
     if args.classmate:
         _check_content_parts(rows, _load_tokenizer("--classmate", args.classmate), args.classmate,
@@ -438,6 +529,7 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
     prompt_ids, opened = render_prompts(tokenizer, rows, chat_template=not args.no_chat_template,
                                         template_kwargs=template_kwargs, think_ids=think_ids)
     backend = resolve_backend(args.backend)
+    prompt_ids = _fit_context(args, rows, prompt_ids, backend)
     log(f"{len(rows)} prompts x {args.samples} samples, model {args.model}, backend {backend}")
 
     generator = _generator(args, generator_factory, args.model, args.max_model_len)

@@ -154,18 +154,14 @@ def load_rows(
     yield from _iter_hub(hub_name, hub_config, hub_split)
 
 
-def check_output_dir(output_dir: str) -> None:
-    """DataError unless ``output_dir`` is a writable directory or can be created (checked before any work)."""
-    target = os.path.abspath(output_dir)
-    parent = target
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        problem = "is a file, not a directory" if parent == target else f"cannot be created: {parent} is a file"
-        raise DataError(f"output directory {problem}", location=output_dir)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DataError(f"output directory {'is' if parent == target else 'cannot be created: ' + parent + ' is'} "
-                        "not writable", location=output_dir)
+def check_output_dir(output_dir: str, flag: str = "--output-dir") -> None:
+    """DataError unless ``output_dir`` is a writable directory or can be created (checked before any work, by a real
+    write: :func:`openrlhf_classmate.writable.write_problem`)."""
+    from openrlhf_classmate.writable import write_problem
+
+    problem = write_problem(output_dir)
+    if problem:
+        raise DataError(f"output directory {problem}; choose another {flag}", location=output_dir)
 
 
 def check_outputs_spare_inputs(output_dir: str, names: Iterable[str], inputs: Iterable[str], *, hint: str) -> None:

@@ -61,7 +61,8 @@ class StoryFields:
     prior_plot_summary: str | None = None
     high_level_plot_summary: str | None = None
     character_sheets: dict[str, str] | None = None
-    # 1: "the most recent chapter"; n > 1: "the last n chapters"; <= 0: "the entire story"; None: no story section.
+    # 1: "the most recent chapter"; n > 1: "the last n chapters"; <= 0: "the entire story" (setup_data/vrcli_story.py
+    # accepts -1 only); None: no story section.
     last_n_chapters: int | None = -1
 
 

@@ -34,6 +34,20 @@ def load_tokenizer(flag: str, path: str):
                               f"{str(e).splitlines()[0][:200]})") from None
 
 
+def model_context(model: str) -> int | None:
+    """The context length ``model``'s config states (``max_position_embeddings``, of the text model for multimodal
+    configs); None when the config cannot be read or names none."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model, trust_remote_code=True)
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    except Exception:  # noqa: BLE001  (a hub id offline, an unknown architecture: the check is skipped)
+        return None
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def unless_failed(result, finish_reason: str | None):
     """A generation vLLM aborted or failed is no answer: its score is invalid (masked), never the scorer's 0."""
     from openrlhf_classmate.scoring import ScoreResult

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from openrlhf_classmate.eval.common import EvaluationError, load_tokenizer, log, unless_failed
+from openrlhf_classmate.eval.common import EvaluationError, load_tokenizer, log, model_context, unless_failed
 from openrlhf_classmate.eval.generation import GenParams
 
 CLASSMATE = "classmate"
@@ -106,10 +106,7 @@ def check_reader_tokenizers(args) -> None:
 def _max_context(args, model: str) -> int:
     if args.classmate_max_context is not None:
         return args.classmate_max_context
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model, trust_remote_code=True)
-    return int(getattr(config, "max_position_embeddings", None) or 1 << 30)
+    return model_context(model) or 1 << 30
 
 
 def run_readers(args, make_generator: Callable[[str, int | None], Any], main_tokenizer, rows: Sequence,

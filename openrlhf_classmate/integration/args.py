@@ -290,6 +290,10 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
             # an empty value (``model_name_or_path:``) would silently leave the flag at its default
             raise ConfigError(f"--config {where}: '{key}' has no value; give one or delete the key")
         action = actions.get(key)
+        members = sorted(d for d in actions if d.startswith(key + "."))
+        if action is None and members:  # ``classmate: 5``: a scalar or list where a mapping of flags belongs
+            raise ConfigError(f"--config {where}: '{key}' is a group of flags ({', '.join(members[:2])}, ...), not "
+                              f"a value: give it a mapping of their keys, got {value!r:.60}")
         if action is None or key in ("config", "check"):
             close = [d for d in actions if d.split(".")[-1] == key.split(".")[-1]][:3]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -306,11 +310,22 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
             argv += [flag, "on" if value else "off"]
             continue
         if isinstance(value, list):
-            if action.nargs in (None, 0):
+            if action.nargs in (None, 0, "?"):
                 raise ConfigError(f"--config {path}: '{key}' takes one value, got a list")
+            if isinstance(action.nargs, int) and len(value) != action.nargs:
+                raise ConfigError(f"--config {where}: '{key}' takes {action.nargs} values, got {len(value)}: "
+                                  f"{value!r:.60}; give a list of {action.nargs}")
+            if not value and action.nargs == "+":
+                raise ConfigError(f"--config {where}: '{key}' is an empty list; give at least one value or delete "
+                                  "the key")
+            if any(isinstance(v, (list, dict)) or v is None for v in value):
+                raise ConfigError(f"--config {where}: '{key}' takes a flat list of values, got {value!r:.60}")
             argv += [flag, *(str(v) for v in value)]
         elif isinstance(value, dict):
             raise ConfigError(f"--config {path}: '{key}' is a value, got a mapping")
+        elif isinstance(action.nargs, int) and action.nargs > 1:
+            raise ConfigError(f"--config {where}: '{key}' takes {action.nargs} values, got one ({value!r:.60}); give "
+                              f"a list of {action.nargs}")
         else:
             argv += [flag, str(value)]
     return argv

@@ -197,7 +197,6 @@ def check_writable_dir(flag: str, path: str | None) -> None:
             raise PreflightError(f"{flag} {path} is a file, not a directory")
         if not os.access(target, os.W_OK | os.X_OK):
             raise PreflightError(f"{flag} {path} is not writable")
-        return
     parent = target
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -205,6 +204,11 @@ def check_writable_dir(flag: str, path: str | None) -> None:
         raise PreflightError(f"{flag} {path}: cannot create it, {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PreflightError(f"{flag} {path}: cannot create it, {parent} is not writable")
+    from openrlhf_classmate.writable import write_problem
+
+    problem = write_problem(target)  # root passes os.access, yet /proc or a read-only mount refuse the write
+    if problem:
+        raise PreflightError(f"{flag} {path} {problem}")
 
 
 # ── tokenizers ───────────────────────────────────────────────────────────────────────────────────────────────────
@@ -291,19 +295,27 @@ def _embedding_rows(path: str) -> int | None:
     return size if isinstance(size, int) else None
 
 
-def check_vocab_sizes(args: SimpleNamespace, tokenizers: TokenizerCache) -> None:
+def vocab_problem(flag: str, path: str, tokenizer: Callable[[], Any]) -> str | None:
     """A tokenizer with more tokens than the model has embedding rows: the first id past the table crashes the
-    forward pass (an index error deep inside a Ray actor)."""
+    forward pass (an index error deep inside a Ray actor, or ``evaluate``'s generation). ``tokenizer()`` loads it
+    (only for a local folder whose config.json states vocab_size); the line names ``flag``, or None."""
+    rows = _embedding_rows(path) if os.path.isdir(os.path.expanduser(path)) else None
+    loaded = tokenizer() if rows else None
+    if loaded is None or len(loaded) <= rows:
+        return None
+    return (f"{flag} {path}: its tokenizer has {len(loaded)} tokens but the model's embedding only {rows} rows "
+            "(config.json vocab_size): ids past the table crash the forward pass; resize the embeddings "
+            "(model.resize_token_embeddings(len(tokenizer))) and save the model again")
+
+
+def check_vocab_sizes(args: SimpleNamespace, tokenizers: TokenizerCache) -> None:
+    """:func:`vocab_problem` of the policy and every classmate."""
     models = [("--actor.model_name_or_path", args.actor.model_name_or_path)]
     models += [("--classmate.model_name_or_path", p) for p in (args.classmate.model_name_or_path or [])]
     for flag, path in models:
-        rows = _embedding_rows(path) if os.path.isdir(os.path.expanduser(path)) else None
-        tokenizer = tokenizers.get(flag, path) if rows else None
-        if tokenizer is not None and len(tokenizer) > rows:
-            raise PreflightError(
-                f"{flag} {path}: its tokenizer has {len(tokenizer)} tokens but the model's embedding only {rows} rows "
-                "(config.json vocab_size): ids past the table crash the forward pass; resize the embeddings "
-                "(model.resize_token_embeddings(len(tokenizer))) and save the model again")
+        problem = vocab_problem(flag, path, lambda flag=flag, path=path: tokenizers.get(flag, path))
+        if problem:
+            raise PreflightError(problem)
 
 
 # ── resume ───────────────────────────────────────────────────────────────────────────────────────────────────────

@@ -52,12 +52,35 @@ class DatasetNeeds:
 
 
 @dataclass
-class _Lengths:
-    """Per file: what the token-length checks found in the used rows."""
+class LongPrompts:
+    """Prompts longer than the ``room`` a context leaves them next to the generation budget: how many of how many,
+    and the longest with its location. The launcher's check of ``--data.max_len`` and ``evaluate``'s of the model's
+    context count and word their warning with it."""
 
+    room: int = 0
     prompts: int = 0
     over: int = 0
     longest: tuple[int, str] = (0, "")
+
+    def add(self, length: int, location: str) -> None:
+        self.prompts += 1
+        self.over += length > self.room
+        if length > self.longest[0]:
+            self.longest = (length, location)
+
+    def warning(self, where: str, room_is: str, consequence: str) -> str | None:
+        """``where: N of M prompts are longer than ROOM tokens (room_is; longest ...): consequence``, or None."""
+        if not self.over:
+            return None
+        return (f"{where}: {self.over} of {self.prompts} prompts are longer than {self.room} tokens ({room_is}; "
+                f"longest {self.longest[0]} tokens at {self.longest[1]}): {consequence}")
+
+
+@dataclass
+class _Lengths:
+    """Per file: what the token-length checks found in the used rows."""
+
+    policy: LongPrompts = field(default_factory=LongPrompts)
     classmate_over: int = 0
     classmate_longest: tuple[int, str] = (0, "")
     vrcli_rows: int = 0
@@ -202,12 +225,10 @@ class _Measure:
     def flush(self, found: _Lengths) -> None:
         if not self.texts:
             return
-        room = self.room()
+        found.policy.room = self.room()
         ids = self.policy([t for t, _ in self.texts], add_special_tokens=False)["input_ids"]
         for (_, location), row_ids in zip(self.texts, ids):
-            found.prompts += 1
-            found.over += len(row_ids) > room
-            found.longest = max(found.longest, (len(row_ids), location), key=lambda x: x[0])
+            found.policy.add(len(row_ids), location)
         self.texts = []
 
     def room(self) -> int:
@@ -303,18 +324,17 @@ def _report_lengths(flag: str, path: str, found: _Lengths, measure: _Measure, ar
         report.lines.append(f"{flag} {path}: prompt lengths not checked (the policy tokenizer is not available "
                             "offline)")
         return
-    if found.over:
-        room, budget = measure.room(), args.rollout.max_new_tokens
-        classmate = "; the classmate still reads the full prompt from the label" if classmate_enabled(args) else ""
-        report.warnings.append(
-            f"{flag} {path}: {found.over} of {found.prompts} prompts are longer than {room} tokens (--data.max_len "
-            f"{args.data.max_len} - --rollout.max_new_tokens {budget or 1}; longest {found.longest[0]} tokens at "
-            f"{found.longest[1]}): OpenRLHF cuts them from the front, so the policy never sees their beginning"
-            f"{classmate}; raise --data.max_len or drop those rows")
+    classmate = "; the classmate still reads the full prompt from the label" if classmate_enabled(args) else ""
+    warning = found.policy.warning(
+        f"{flag} {path}", f"--data.max_len {args.data.max_len} - --rollout.max_new_tokens "
+        f"{args.rollout.max_new_tokens or 1}", "OpenRLHF cuts them from the front, so the policy never sees their "
+        f"beginning{classmate}; raise --data.max_len or drop those rows")
+    if warning:
+        report.warnings.append(warning)
     if found.classmate_over:
         cfg = args.classmate
         report.warnings.append(
-            f"{flag} {path}: {found.classmate_over} of {found.prompts} rows have a classmate prompt (longest "
+            f"{flag} {path}: {found.classmate_over} of {found.policy.prompts} rows have a classmate prompt (longest "
             f"{found.classmate_longest[0]} tokens at {found.classmate_longest[1]}) that leaves no room for any CoT "
             f"and --classmate.max_new_tokens {cfg.max_new_tokens} in --classmate.max_context {cfg.max_context}: every "
             "classmate call of these rows is skipped (no classmate reward); raise --classmate.max_context")

@@ -83,6 +83,9 @@ class SandboxConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"--port {self.port!r} is not a TCP port: give one in [1, 65535] (the default is 8001; "
+                             "0 picks a free one)")
         if self.isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
         if self.launcher not in LAUNCHERS:

@@ -41,10 +41,13 @@ from openrlhf_classmate.scoring.monitor import (
 )
 from openrlhf_classmate.scoring.multiple_choice import MultipleChoiceScorer, extract_choice
 from openrlhf_classmate.scoring.registry import (
+    LIST_COMMAND,
+    HookScoredError,
     UnknownDataSourceError,
     ascore_responses,
     get_scorer,
     known_data_sources,
+    known_suffixes,
     register_scorer,
     register_suffix,
     resolve_data_source,
@@ -60,6 +63,7 @@ from openrlhf_classmate.scoring.sycophancy import (
 from openrlhf_classmate.scoring.tinyv import GradeScorer, TinyVConfig, TinyVScorer, configure_tinyv
 
 __all__ = [
+    "LIST_COMMAND",
     "NO_FINAL_ANSWER",
     "ArithmeticScorer",
     "BaseScorer",
@@ -68,6 +72,7 @@ __all__ = [
     "ExactMatchScorer",
     "GradeScorer",
     "Gsm8kScorer",
+    "HookScoredError",
     "Item",
     "JudgeClient",
     "JudgeConfig",
@@ -97,6 +102,7 @@ __all__ = [
     "get_math_pool",
     "get_scorer",
     "known_data_sources",
+    "known_suffixes",
     "last_boxed",
     "last_number",
     "monitor_is_binary",

@@ -18,6 +18,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+LIST_COMMAND = "python -m openrlhf_classmate.scoring --list"
+"""The command that prints every registered data_source name (``scoring/__main__.py``)."""
+
 
 class LabelError(ValueError):
     """A label cannot be scored. The message names the row, the data source and the field to fix."""
@@ -64,8 +67,8 @@ def parse_label(label: Mapping[str, Any] | str | bytes) -> dict[str, Any]:
     data_source = flat.get("data_source")
     if not isinstance(data_source, str) or not data_source:
         raise LabelError(
-            "missing or not a non-empty string; every label must name its data_source (see scoring/registry.py "
-            "for the known names)",
+            f"missing or not a non-empty string; every label must name its data_source (`{LIST_COMMAND}` lists "
+            "the names)",
             field="data_source",
         )
     return flat

@@ -3,7 +3,8 @@
 Matching is exact and case-sensitive, against a scorer's name or one of its listed aliases; nothing is matched by
 substring (the reference tested ``"mmlu" in data_source``, which silently missed ``TIGER-Lab/MMLU-Pro``). The one
 exception is a registered *suffix* (TinyV's documented ``_tinyv`` convention), tried only after the exact names. An
-unknown name raises ``UnknownDataSourceError`` listing the known ones. Built-in table:
+unknown name raises ``UnknownDataSourceError`` naming the closest known one and :data:`LIST_COMMAND`, which lists
+them all. Built-in table:
 
 =====================  ===========================================================  ==============================
 scorer (canonical)     aliases                                                      label fields
@@ -49,7 +50,7 @@ from openrlhf_classmate.scoring.base import BaseScorer, Scorer
 from openrlhf_classmate.scoring.code import CodeScorer
 from openrlhf_classmate.scoring.exact_match import ArithmeticScorer, ExactMatchScorer
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
-from openrlhf_classmate.scoring.labels import LabelError, parse_label
+from openrlhf_classmate.scoring.labels import LIST_COMMAND, LabelError, parse_label
 from openrlhf_classmate.scoring.math import Gsm8kScorer, MathVerifyScorer
 from openrlhf_classmate.scoring.multiple_choice import MMLU_LETTERS, MMLU_PRO_LETTERS, MultipleChoiceScorer
 from openrlhf_classmate.scoring.result import ScoreResult
@@ -62,6 +63,19 @@ ScorerFactory = Callable[[Judge], Scorer]
 
 class UnknownDataSourceError(LabelError):
     """No scorer is registered under this data_source (exact, case-sensitive match)."""
+
+
+class HookScoredError(LabelError):
+    """Rows of a data source that only a reward hook of the trainer scores (``flag`` turns the hook on); a tool
+    without that hook (``evaluate``) names its own way out."""
+
+    def __init__(self, detail: str, *, flag: str, **kwargs):
+        super().__init__(detail, **kwargs)
+        self.flag = flag
+
+    def with_index(self, index: int) -> HookScoredError:
+        return HookScoredError(self.detail, flag=self.flag, data_source=self.data_source, field=self.field,
+                               index=index)
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,11 @@ def known_data_sources() -> dict[str, str]:
     return dict(_NAMES)
 
 
+def known_suffixes() -> dict[str, str]:
+    """Every registered data_source suffix (tried after the exact names) mapped to its canonical scorer name."""
+    return dict(_SUFFIXES)
+
+
 def resolve_data_source(data_source: str) -> str:
     """The canonical scorer name for ``data_source``; ``UnknownDataSourceError`` if there is none."""
     try:
@@ -131,10 +150,9 @@ def resolve_data_source(data_source: str) -> str:
     elif isinstance(data_source, str):
         close = difflib.get_close_matches(data_source, list(_NAMES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-    suffixes = "".join(f"; or any name ending in {suffix}" for suffix in sorted(_SUFFIXES))
     error = UnknownDataSourceError(
-        f"no scorer for this data_source.{hint} Known names (exact match): {', '.join(sorted(_NAMES))}{suffixes}. "
-        "Fix the dataset's data_source, or register a scorer with scoring.register_scorer().",
+        f"no scorer for this data_source (exact, case-sensitive match).{hint} `{LIST_COMMAND}` lists the registered "
+        "names; fix the dataset's data_source, or register a scorer with scoring.register_scorer().",
         data_source=data_source,
         field="data_source",
     )
@@ -207,8 +225,8 @@ class HookScoredSource(BaseScorer):
         self.name, self.flag = name, flag
 
     def check_label(self, label: Mapping[str, Any]) -> None:
-        raise LabelError(f"rows of this data source are scored in the experience maker: run with {self.flag}",
-                         data_source=self.name, field="data_source")
+        raise HookScoredError(f"rows of this data source are scored in the experience maker: run with {self.flag}",
+                              flag=self.flag, data_source=self.name, field="data_source")
 
 
 def _register_builtins() -> None:
