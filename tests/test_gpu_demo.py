@@ -329,6 +329,48 @@ def test_stages_run_in_order_within_the_budget_and_never_twice(tmp_path):
     assert set(ST.Timings(out).data) == {"a", "b", "c"}
 
 
+def test_a_failed_stage_is_one_line_with_its_log_and_the_rerun_resumes_there(tmp_path):
+    # issue 44: a stage that fails says so in one line naming its log, and the same command again starts at it
+    out, ran, broken = str(tmp_path), [], {"b": True}
+
+    def stage(name):
+        def run(deadline):
+            ran.append(name)
+            if broken.get(name):
+                raise RuntimeError(f"the launcher exited with 1 (log: {out}/runs/b/launcher.log); tail:\nTraceback ...")
+            ST.mark_done(out, name, {"ok": True})
+            return True
+        return ST.Stage(name, name, lambda: 1, run)
+
+    stages = [stage("a"), stage("b"), stage("c")]
+    lines = []
+    assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == ST.EXIT_FAILED
+    assert ran == ["a", "b"]
+    failed = [line for line in lines if "failed" in line]
+    assert failed == [f"error: stage b failed: the launcher exited with 1 (log: {out}/runs/b/launcher.log); run the "
+                      "same command again to go on from stage b (the stages before it are done)"]
+    broken["b"] = False
+    assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == 0
+    assert ran == ["a", "b", "b", "c"]
+
+
+@pytest.mark.slow
+def test_a_child_stage_that_cannot_start_names_its_log(tmp_path, capsys):
+    # an isolated stage's child process fails before it does anything (here: a flag its parser refuses, as a child
+    # that cannot import the package would): the stage's output is kept in stages/<name>.log and named in one line
+    from openrlhf_classmate.demo import gpu
+    from openrlhf_classmate.demo.gpu_stages import GPUDemo
+
+    out = str(tmp_path / "demo")
+    demo = GPUDemo(gpu.settings_from_args(_parse_demo(["--gpu", "--tiny"])), out, ["--gpu", "--no-such-flag"])
+    with pytest.raises(ST.StageFailed) as failed:
+        demo._isolated("eval_before")(time.time() + 120)
+    log = os.path.join(out, "stages", "eval_before.log")
+    assert str(failed.value) == f"the child process exited with 2; its output: {log}"
+    assert failed.value.log_path == log and "unrecognized arguments: --no-such-flag" in open(log).read()
+    assert "--no-such-flag" in capsys.readouterr().out  # the console still shows it as it happens
+
+
 def test_checkpoint_step_reads_only_complete_checkpoints(tmp_path):
     import torch
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from openrlhf_classmate.demo import gpu_world as G
 from openrlhf_classmate.demo import world as W
-from openrlhf_classmate.demo.stages import Stage, Timings, is_done, mark_done, run_stages
+from openrlhf_classmate.demo.stages import MARKERS, Stage, StageFailed, Timings, is_done, mark_done, run_stages
 
 # Seconds on one H100, from the device run of 2026-11-25 (bench/GPU_RESULTS.md section 4); an output folder's
 # own measurements (stages/timings.json) replace them as soon as it has some
@@ -223,7 +223,13 @@ class GPUDemo:
             from openrlhf_classmate.testing.e2e import kill_session
 
             command = [sys.executable, "-m", "openrlhf_classmate.demo", *self.argv, "--_stage", name]
-            proc = subprocess.Popen(command, start_new_session=True)
+            log_path = self.path(MARKERS, f"{name}.log")
+            os.makedirs(os.path.dirname(log_path), exist_ok=True)
+            proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace")
+            # the console shows the child's output as it comes, and stages/<name>.log keeps it for the error line
+            copier = threading.Thread(target=_tee, args=(proc.stdout, log_path), daemon=True)
+            copier.start()
             try:
                 while True:
                     try:
@@ -240,8 +246,9 @@ class GPUDemo:
             finally:
                 if proc.poll() is None:
                     kill_session(proc)
+                copier.join(timeout=10)
             if code != 0:
-                raise SystemExit(f"error: stage {name} failed (exit {code}; its output is above)")
+                raise StageFailed(f"the child process exited with {code}; its output: {log_path}", log_path)
             return is_done(self.out, name)
 
         return run
@@ -392,6 +399,16 @@ class GPUDemo:
         write_report(self)
         mark_done(self.out, "report", {"files": ["metrics.jsonl", "curves.png", "summary.md", "summary.json"]})
         return True
+
+
+def _tee(stream, path: str) -> None:
+    """Copy a child's output to the console and to ``path``, line by line."""
+    with open(path, "w", encoding="utf-8") as log:
+        for text in stream:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            log.write(text)
+            log.flush()
 
 
 def _params(model) -> int:

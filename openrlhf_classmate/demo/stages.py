@@ -14,13 +14,31 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 EXIT_UNFINISHED = 75  # EX_TEMPFAIL: stages are left, run the same command again
+EXIT_FAILED = 1  # a stage failed: one line names it and its log; the same command again starts at it
 MARKERS = "stages"
+
+
+class StageFailed(RuntimeError):
+    """A stage that failed; its message names the log that says why (``log_path``)."""
+
+    def __init__(self, message: str, log_path: str | None = None):
+        super().__init__(message)
+        self.log_path = log_path
+
+
+def failure_line(name: str, error: BaseException) -> tuple[list[str], str]:
+    """(the detail lines of ``error``'s message after its first, the one line that says stage ``name`` failed)."""
+    first, *detail = (str(error) or type(error).__name__).splitlines()
+    first = re.sub(r";?\s*tail:\s*$", "", first.removeprefix("error: "))  # the launcher's tail follows as detail
+    return detail, (f"error: stage {name} failed: {first}; run the same command again to go on from stage {name} "
+                    "(the stages before it are done)")
 
 
 def marker_path(out: str, name: str) -> str:
@@ -116,7 +134,9 @@ class Timings:
 
 def run_stages(stages: list[Stage], out: str, budget_s: float, timings: Timings, *, margin_s: float = 10.0,
                log: Callable[[str], None] = print, on_stage_end: Callable[[], None] = lambda: None) -> int:
-    """Run the stages that are not done while they fit; 0 when all are done, else :data:`EXIT_UNFINISHED`.
+    """Run the stages that are not done while they fit; 0 when all are done, else :data:`EXIT_UNFINISHED`, or
+    :data:`EXIT_FAILED` after one line naming the stage that failed and its log (its marker is not written, so the
+    same command again starts at it).
     ``on_stage_end`` is called after each stage that ran, done or stopped (the GPU demo records what it wrote)."""
     t0 = time.time()
     todo = [s for s in stages if not is_done(out, s.name)]
@@ -141,7 +161,15 @@ def run_stages(stages: list[Stage], out: str, budget_s: float, timings: Timings,
         log(f"\n[{stage.name}] {stage.title}  (estimate ~{_fmt(estimate)}"
             f"{', a part of it: it stops at a checkpoint' if verdict == 'part' else ''})")
         started = time.time()
-        finished = stage.run(t0 + budget_s - margin_s)
+        try:
+            finished = stage.run(t0 + budget_s - margin_s)
+        except (Exception, SystemExit) as e:  # noqa: BLE001  (a child stage's exit included; not Ctrl-C)
+            on_stage_end()
+            detail, message = failure_line(stage.name, e)
+            for text in detail:  # e.g. the launcher log's last lines
+                log(f"  {text}")
+            log(message)
+            return EXIT_FAILED
         seconds = time.time() - started
         timings.add(stage.name, seconds)
         on_stage_end()
