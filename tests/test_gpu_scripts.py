@@ -5,6 +5,7 @@ device call never fails on a flag that CPU parsing would already refuse. The run
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -842,7 +843,19 @@ def test_a_failing_gpu_cleanup_does_not_raise(capacity, monkeypatch):
     # command that a pip --target install of Ray does not put on PATH (FileNotFoundError)
     monkeypatch.setattr(capacity.MemorySampler, "used", staticmethod(lambda: {0: 50.0}))
     monkeypatch.setenv("PATH", "/nonexistent")
+    calls = []
+
+    def run(cmd, **kwargs):
+        # found as the real call would be, but not run: `ray stop --force` kills every Ray process of the machine,
+        # the clusters of tests running next to this one included
+        calls.append(cmd)
+        if shutil.which(cmd[0]) is None:
+            raise FileNotFoundError(cmd[0])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(capacity.subprocess, "run", run)
     assert capacity.wait_for_free_gpus(limit_s=3) == {0: 50.0}  # (ray stop is tried after half the time)
+    assert calls == [[sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"]]
 
 
 def test_the_committed_capacity_rows_are_what_their_logs_say(capacity):

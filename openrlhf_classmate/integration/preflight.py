@@ -271,8 +271,12 @@ def check_tokenizers(args: SimpleNamespace, report: PreflightReport, load: Calla
             continue
         if not _single_token(main, tag):
             hint = "" if enabled else "; for a model without a think block use --classmate.final_answer whole_response"
+            from openrlhf_classmate.cli.prepare_policy import command_line  # the command that adds the tags
+
             raise PreflightError(f"{flag} {tag!r} is not one token of the policy tokenizer "
-                                 f"({args.actor.model_name_or_path}), but {why}{hint}")
+                                 f"({args.actor.model_name_or_path}), but {why}; to add the tags as tokens run "
+                                 f"{command_line(args.actor.model_name_or_path, 'OUT', cfg.think_open, cfg.think_close)}"
+                                 f" and train OUT{hint}")
     if not enabled:
         return
     for path in cfg.model_name_or_path:

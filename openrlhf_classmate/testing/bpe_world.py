@@ -137,7 +137,7 @@ def _sentencepiece(spec: Kind) -> Tokenizer:
 
 
 @functools.cache
-def _backend_json(kind: str) -> str:
+def _backend_json(kind: str, think_tags: bool = True) -> str:
     spec = KIND_SPECS[kind]
     if kind.startswith("qwen3"):
         tok = _byte_level(spec, QWEN_SPLIT, normalizers.NFC())
@@ -146,17 +146,19 @@ def _backend_json(kind: str) -> str:
     else:
         tok = _sentencepiece(spec)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.specials])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TAGS])
+    if think_tags:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TAGS])
     return tok.to_str()
 
 
-def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
-    """A fresh world tokenizer of ``kind`` (one of :data:`KINDS`); the training runs once per process."""
+def build_tokenizer(kind: str, think_tags: bool = True) -> PreTrainedTokenizerFast:
+    """A fresh world tokenizer of ``kind`` (one of :data:`KINDS`); the training runs once per process.
+    ``think_tags=False``: without the think tags (they encode as byte pieces), as Llama-3, Qwen2.5 and OLMo-2 ship."""
     if kind not in KIND_SPECS:
         raise ValueError(f"unknown world tokenizer {kind!r}; expected one of {KINDS}")
     spec = KIND_SPECS[kind]
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_backend_json(kind)), bos_token=spec.bos,
-                                  eos_token=spec.eos, pad_token=spec.pad,
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_backend_json(kind, think_tags)),
+                                  bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad,
                                   unk_token="<unk>" if "<unk>" in spec.specials else None,
                                   model_max_length=1 << 20, clean_up_tokenization_spaces=False)
     tok.chat_template = spec.template

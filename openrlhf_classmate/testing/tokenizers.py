@@ -31,7 +31,7 @@ def default_chat_template(think_in_template: bool = False) -> str:
 
 
 def build_word_tokenizer(
-    words: list[str], chat_template: str | None = None, think_in_template: bool = False
+    words: list[str], chat_template: str | None = None, think_in_template: bool = False, think_tags: bool = True
 ) -> PreTrainedTokenizerFast:
     """A word-level fast tokenizer over ``words`` (plus ``"\\n"``), the specials above and the think tags.
 
@@ -39,7 +39,8 @@ def build_word_tokenizer(
     (duplicates ignored), then ``<think>``, ``</think>``. Two tokenizers built from the same ``words`` therefore have
     identical vocabularies; different ``words`` give different ones.
     ``chat_template`` overrides the default template (see ``default_chat_template``; ``think_in_template`` only
-    affects the default).
+    affects the default). ``think_tags=False`` leaves the think tags out (``<think>`` then encodes to ``<unk>``), as a
+    model without them that ``cli/prepare_policy.py`` must prepare.
     """
     vocab: dict[str, int] = {}
     for w in (*SPECIAL_TOKENS, "\n", *words):
@@ -50,7 +51,8 @@ def build_word_tokenizer(
     )
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with single spaces
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    if think_tags:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>", model_max_length=1 << 20
     )
