@@ -50,6 +50,10 @@ class Bound:
 
 
 POSITIVE_INT = Bound(lo=1)
+REQUEST_TIMEOUT_S = Bound(lo=1)
+"""The time limit of one request to a model server (judge, verifier, classifier): a round trip and a generation. Below
+a second the requests time out, every score they give is invalid and the run stops after its first steps (with Ray,
+the engines and the models started for nothing)."""
 
 
 def finite_float(text: str) -> float:

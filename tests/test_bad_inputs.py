@@ -11,7 +11,9 @@ complete older one, prompts longer than --data.max_len leaves room for, a sandbo
 
 Rows are grouped by class (LAUNCHER, CHAT: chat messages; NUMBERS: non-finite / out-of-range numbers in every flag
 group, upstream's floats and the environment, think-tag pairs; MORE_PREFLIGHT: what used to pass the preflight and
-fail inside Ray; YAML; SETUP_DATA; SCORING; SANDBOX; CONVERT; EVALUATE): a new bad input joins its class.
+fail inside Ray; FIT: rows against every scorer they meet, judges, time limits' lower bounds, prompt turns,
+classmate-only flags, engines' memory; YAML; SETUP_DATA; SCORING; SANDBOX; CONVERT; EVALUATE): a new bad input joins
+its class.
 ``test_launcher_subprocess`` repeats two rows through a real ``python -m ... --check`` process.
 """
 
@@ -267,7 +269,7 @@ LAUNCHER = [
     L("classmate samples 0", ["--classmate.samples", "0"], "--classmate.samples"),
     L("keep_min above keep_max", ["--classmate.keep_min", "0.9", "--classmate.keep_max", "0.2"],
       "--classmate.keep_min"),
-    L("judge timeout 0", ["--classmate.judge_timeout_s", "0"], "--classmate.judge_timeout_s", "> 0"),
+    L("judge timeout 0", ["--classmate.judge_timeout_s", "0"], "--classmate.judge_timeout_s", ">= 1"),
     L("judge retries negative", ["--classmate.judge_max_retries", "-1"], "--classmate.judge_max_retries", ">= 0"),
     L("judge concurrency 0", ["--classmate.judge_max_concurrency", "0"], "--classmate.judge_max_concurrency"),
     L("classmate gpu memory 1.5", ["--classmate.gpu_memory_utilization", "1.5"],
@@ -470,6 +472,68 @@ def _story_rows(t: Path) -> str:
     return str(t / "stories.jsonl")
 
 
+# issue 43 §3-§4: accepted by the preflight, then failing inside Ray or training on nothing: the scorer every row
+# meets (the main answers' and the classmate's), the judge it needs, the lower bounds of the time limits, a prompt
+# the policy could answer, classmate-only flags without a classmate, engines' memory fractions on shared GPUs
+def _code_row(**label) -> dict:
+    return {"prompt": "x", "label": json.dumps({"data_source": "code", "tests": ["assert 1"], **label})}
+
+
+def _code_rows(w: dict, t: Path, env: dict[str, str], **label) -> tuple[int, str]:
+    """A plain GRPO run on code rows with ``label`` fields, the sandbox not reachable, under ``env``."""
+    data = _jsonl(t / "data.jsonl", [_code_row(**label)])
+    with _env(OPENRLHF_CLASSMATE_SANDBOX_URL=_refused_port().removesuffix("/v1"), **env):
+        return run_launcher(launcher_argv(w, classmate=False, data=data))
+
+
+def _memory(*flags: str) -> list[str]:
+    return ["--engine.backend", "vllm", *flags]
+
+
+FIT = [
+    L("classmate scorer that does not fit the rows", ["--classmate.scorer", "mmlu_sycophancy"], "train.jsonl:1",
+      "--classmate.scorer mmlu_sycophancy", "not one letter of ABCD"),
+    L("main scorer that does not fit the rows", ["--classmate.main_scorer", "mmlu_sycophancy"], "train.jsonl:1",
+      "--classmate.main_scorer mmlu_sycophancy", "not one letter of ABCD", classmate=False),
+    L("classmate judge scorer without a judge", ["--classmate.scorer", "sycophancy_judge"],
+      "--classmate.scorer sycophancy_judge", "classmate answers", "--classmate.judge_base_url"),
+    L("main judge scorer without a judge, hub dataset (rows not scanned)", ["--classmate.main_scorer",
+                                                                            "sycophancy_judge"],
+      "--classmate.main_scorer sycophancy_judge", "main answers", "--classmate.judge_base_url",
+      data=lambda w, t: "org/hub_dataset"),
+    D("code row time limit far too small", [_code_row(max_execution_time=1e-9)], "data.jsonl:1",
+      "max_execution_time", ">= 0.1", classmate=False),
+    _env_launcher({"OPENRLHF_CLASSMATE_CODE_TIME_LIMIT": "1e-9"}, "OPENRLHF_CLASSMATE_CODE_TIME_LIMIT", ">= 0.1"),
+    _env_launcher({"OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT": "0.5"}, "OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT", ">= 1"),
+    Case("sandbox request time limit below the rows' test time limit", "launcher",
+         lambda w, t: _code_rows(w, t, {"OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT": "3"}, max_execution_time=5),
+         ("OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT 3", "data.jsonl:1: max_execution_time 5")),
+    L("judge timeout below a second", ["--classmate.judge_timeout_s", "0.001"], "--classmate.judge_timeout_s",
+      ">= 1"),
+    L("tinyv timeout below a second", ["--tinyv.timeout_s", "0.001"], "--tinyv.timeout_s", ">= 1"),
+    L("darling timeout below a second", ["--darling.timeout_s", "0.001"], "--darling.timeout_s", ">= 1"),
+    D("chat prompt of only an assistant turn", [_chat_row(_chat("1 + 1 = ?", role="assistant"))], "data.jsonl:1",
+      "field 'prompt'", "no user message"),
+    D("chat prompt ending in an assistant turn", [_chat_row([*_chat("1 + 1 = ?"), *_chat("2", role="assistant")])],
+      "data.jsonl:1", "field 'prompt'", "message 1 (assistant)"),
+    D("classmate label messages of only an assistant turn", [_chat_row(_chat("1 + 1 = ?"),
+                                                                       _chat("1 + 1", role="assistant"))],
+      "data.jsonl:1", "field 'label'", "no user message"),
+    L("classmate placement without a classmate", ["--classmate.placement", "share"], "--classmate.placement share",
+      "needs a classmate", "--classmate.model_name_or_path", classmate=False),
+    L("classmate engine settings without a classmate", ["--classmate.num_engines", "2", "--classmate.temperature",
+                                                        "0.5"],
+      "--classmate.num_engines 2", "--classmate.temperature 0.5", "need a classmate", classmate=False),
+    L("engine memory fractions of 1 or more under share", _memory("--classmate.placement", "share",
+                                                                  "--vllm.gpu_memory_utilization", "0.8"),
+      "--vllm.gpu_memory_utilization 0.8", "--classmate.gpu_memory_utilization 0.3", "below 1"),
+    L("engine memory fractions of 1 or more under colocate_all", _memory(
+        "--classmate.placement", "colocate", "--train.colocate_all", "--vllm.enable_sleep",
+        "--vllm.gpu_memory_utilization", "0.5", "--classmate.gpu_memory_utilization", "0.5"),
+      "--vllm.gpu_memory_utilization 0.5", "--classmate.gpu_memory_utilization 0.5", "--train.colocate_all"),
+]
+
+
 YAML = [
     Y("yaml syntax error", "actor:\n  adam: [1,\nrollout: x\n", "run.yaml:", "not valid YAML"),
     Y("yaml not UTF-8", b"actor:\n  adam:\n    lr: 1e-5 # caf\xe9\n", "run.yaml:3", "not UTF-8"),
@@ -667,6 +731,9 @@ SCORING = [
     C("code label time limit inf", lambda: _raises(lambda: _score(
         [{"data_source": "code", "tests": ["assert 1"], "max_execution_time": float("inf")}]), "LabelError"),
       "LabelError", "max_execution_time"),
+    C("code label time limit far too small", lambda: _raises(lambda: _score(
+        [{"data_source": "code", "tests": ["assert 1"], "max_execution_time": 1e-9}]), "LabelError"),
+      "LabelError", "max_execution_time", ">= 0.1"),
     C("label not JSON", lambda: _raises(lambda: _score(["{oops"]), "LabelError"), "LabelError", "label #0",
       "not valid JSON"),
     C("label empty", lambda: _raises(lambda: _score([""]), "LabelError"), "LabelError", "--data.label_key"),
@@ -932,7 +999,8 @@ def _config_only(t: Path, w: dict) -> str:
     return str(path)
 
 
-CASES = LAUNCHER + CHAT + NUMBERS + MORE_PREFLIGHT + YAML + SETUP_DATA + SCORING + SANDBOX + CONVERT + EVALUATE
+CASES = (LAUNCHER + CHAT + NUMBERS + MORE_PREFLIGHT + FIT + YAML + SETUP_DATA + SCORING + SANDBOX + CONVERT
+         + EVALUATE)
 
 
 def test_the_table_is_large_and_covers_every_tool():

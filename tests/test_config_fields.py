@@ -80,7 +80,7 @@ def test_every_ranged_classmate_and_engine_option_states_the_range_preflight_enf
     helps = {action.dest: action.help for action in build_parser()._actions}
     for dotted, bound in RANGES.items():
         assert f"Must be {bound.text()}" in helps[dotted], dotted
-    assert "Must be > 0; default: 60." in helps["classmate.judge_timeout_s"]
+    assert "Must be >= 1; default: 60." in helps["classmate.judge_timeout_s"]
     assert "Must be >= 0; default: 3." in helps["classmate.judge_max_retries"]
     assert "Must be >= 1; default: 32." in helps["classmate.judge_max_concurrency"]
     assert helps["classmate.top_p"].endswith("Must be in (0, 1]; default: 1.")

@@ -226,3 +226,124 @@ def test_a_fresh_run_into_a_folder_of_earlier_checkpoints_is_refused_before_ray(
         "--ckpt.load_enable, or give another --ckpt.path, or move them away")
     train_ppo_ray.main(argv[:-3] + ["--ckpt.path", str(ckpt)])  # a run that saves no checkpoint there: fine
     assert len(launched) == 2
+
+
+# issue 43 §3-§4: the scorers a row meets, classmate-only flags, engines' memory, the sandbox request's time limit
+BASE = ["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl", "--actor.num_gpus_per_node", "1",
+        "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--rollout.n_samples_per_prompt", "2"]
+CLASSMATE = ["--classmate.model_name_or_path", "c"]
+
+
+def test_each_row_is_checked_by_every_registry_scorer_it_meets():
+    from openrlhf_classmate.integration.preflight_data import row_scorers
+
+    remote = ["--reward.remote_url", "http://127.0.0.1:9/score"]
+    assert row_scorers(parse_args(BASE)) == (("", "auto"),)  # the registry reward, each label's data_source
+    assert row_scorers(parse_args(BASE + CLASSMATE)) == (("", "auto"),)  # the classmate's answers: the same scorer
+    both = parse_args(BASE + CLASSMATE + ["--classmate.main_scorer", "gsm8k", "--classmate.scorer", "math_verify"])
+    assert row_scorers(both) == (("--classmate.main_scorer", "gsm8k"), ("--classmate.scorer", "math_verify"))
+    assert row_scorers(both, classmate_answers=False) == (("--classmate.main_scorer", "gsm8k"),)  # eval rows
+    assert row_scorers(parse_args(BASE + CLASSMATE + remote)) == ()  # the user's reward scores both
+    assert row_scorers(parse_args(BASE + CLASSMATE + remote + ["--classmate.scorer", "gsm8k"])) == (
+        ("--classmate.scorer", "gsm8k"),)
+
+
+def test_eval_rows_are_not_checked_against_the_classmate_scorer(tmp_path, capsys):
+    """Evaluation scores the main answers only: eval rows that the classmate's scorer could not use pass."""
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    policy = save_tiny_model(str(tmp_path / "policy"), ["1", "2", "+", "=", "?", "A"], hidden_size=8, num_layers=1,
+                             num_heads=2)
+
+    def rows(name: str, truth: str) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"prompt": chat, "label": json.dumps(
+            {"data_source": "gsm8k", "ground_truth": truth, "messages": chat})}) + "\n")
+        return str(path)
+
+    # gsm8k (the main answers') takes 2.5, arithmetic (the classmate's) integers only
+    argv = ["--check", *BASE, *CLASSMATE, "--actor.model_name_or_path", policy, "--classmate.model_name_or_path",
+            policy, "--data.prompt_dataset", rows("train.jsonl", "2"), "--eval.dataset", rows("eval.jsonl", "2.5"),
+            "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--ckpt.path", str(tmp_path / "ckpt"),
+            "--classmate.scorer", "arithmetic"]
+    train_ppo_ray.main(argv)
+    assert capsys.readouterr().out.strip().endswith("check passed: the run would start")
+    assert _refusal(argv + ["--data.prompt_dataset", str(tmp_path / "eval.jsonl")]) == (
+        f"error: {tmp_path}/eval.jsonl:1: field 'label': --classmate.scorer arithmetic scores every row's classmate "
+        "answers and cannot use this label (data_source 'arithmetic', field 'ground_truth': '2.5' is not an integer); "
+        "set --classmate.scorer to a scorer that fits these rows (auto: each label's data_source)")
+
+
+def test_options_that_act_without_a_classmate_are_not_refused_without_one():
+    from openrlhf_classmate.integration.preflight import check_classmate_only_flags
+
+    args = parse_args(BASE + ["--classmate.think_open", "<reason>", "--classmate.think_close", "</reason>",
+                              "--classmate.final_answer", "whole_response", "--classmate.main_scorer", "gsm8k",
+                              "--classmate.loss_agg_mode", "seq-mean-token-mean", "--classmate.judge_timeout_s", "5",
+                              "--classmate.stop_after_invalid_steps", "0", "--rollout.max_new_tokens", "8"])
+    check_classmate_only_flags(args)
+    check_classmate_only_flags(parse_args(BASE + CLASSMATE + ["--classmate.placement", "share"]))
+    with pytest.raises(PreflightError, match=r"^--classmate.gdpo_weights 1 0, --classmate.seed_requests need a "
+                                             r"classmate"):
+        check_classmate_only_flags(parse_args(BASE + ["--classmate.gdpo_weights", "1", "0",
+                                                      "--classmate.seed_requests"]))
+
+
+@pytest.mark.parametrize("flags, refused", [
+    (["--classmate.placement", "share"], True),
+    (["--classmate.placement", "separate"], False),  # GPUs of their own
+    (["--classmate.placement", "colocate", "--train.colocate_actor_ref"], False),  # beside the actor, not the engines
+    (["--classmate.placement", "colocate", "--train.colocate_all", "--vllm.enable_sleep"], True),
+])
+def test_engine_memory_fractions_are_checked_where_both_engine_groups_share_gpus(flags, refused):
+    from openrlhf_classmate.integration.preflight import check_engine_memory
+
+    args = parse_args(BASE + CLASSMATE + flags + ["--vllm.gpu_memory_utilization", "0.8"])
+    args.engine.backend = "vllm"  # as resolved where vLLM is installed
+    if refused:
+        with pytest.raises(PreflightError, match=r"^--vllm.gpu_memory_utilization 0.8 \+ "
+                                                 r"--classmate.gpu_memory_utilization 0.3 = 1.1 of each GPU"):
+            check_engine_memory(args)
+    else:
+        check_engine_memory(args)
+    args.engine.backend = "hf"  # HF engines reserve no fraction
+    check_engine_memory(args)
+    args.engine.backend, args.vllm.gpu_memory_utilization = "vllm", 0.6
+    check_engine_memory(args)
+
+
+def test_the_sandbox_request_time_limit_must_exceed_the_sandbox_default_per_test(monkeypatch):
+    """Code rows without max_execution_time get the sandbox's --default-time-limit (read from its /health): one
+    request, all of a row's tests, must be allowed more than that."""
+    import http.server
+    import threading
+
+    from openrlhf_classmate.integration.preflight_data import _check_code_time_limits, _Lengths
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"limits": {"max_time_limit_s": 60.0, "default_time_limit_s": 10.0}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", f"http://127.0.0.1:{server.server_port}")
+        found = _Lengths(first_use={"code": "d.jsonl:1"}, code_default="d.jsonl:3")
+        _check_code_time_limits(found, PreflightReport())  # the default 600 s per request
+        monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT", "5")
+        with pytest.raises(PreflightError, match=r"^OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT 5 s, the time limit of one "
+                                                 r"sandbox request .* is not above d.jsonl:3: the sandbox's "
+                                                 r"--default-time-limit .* 10 s per test"):
+            _check_code_time_limits(found, PreflightReport())
+        monkeypatch.setenv("OPENRLHF_CLASSMATE_CODE_TIME_LIMIT", "2")  # replaces the sandbox's default
+        _check_code_time_limits(found, PreflightReport())
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -56,7 +56,7 @@ def test_registry_and_label_checks():
         (stdio, {"data_source": "code_stdio", "tests": ["assert 1"]}, 'test 0 is not an object {"input": str'),
         (stdio, {"data_source": "code_stdio", "tests": [{"input": "1"}]}, "test 0 is not an object"),
         (code, {"data_source": "code", "tests": ["assert 1"], "max_execution_time": 0}, "'max_execution_time'"),
-        (code, {"data_source": "code", "tests": ["assert 1"], "max_execution_time": True}, "positive number"),
+        (code, {"data_source": "code", "tests": ["assert 1"], "max_execution_time": True}, "number of seconds >= 0.1"),
     ]
     for scorer, label, message in bad:
         with pytest.raises(LabelError, match=message.replace("(", r"\(").replace("{", r"\{")):

@@ -240,7 +240,7 @@ def test_a_retry_that_succeeds_gives_the_verdict():
 
 def test_a_slow_verifier_times_out_once_and_the_sample_is_invalid():
     with serve_in_thread(FakeVerifierServer(reply="True", latency_s=3.0)) as server:
-        results = _score(_config(server, timeout_s=0.3), [("\\boxed{7}", _label())])
+        results = _score(_config(server, timeout_s=1.0), [("\\boxed{7}", _label())])
     assert not results[0].valid and "timed out" in results[0].reason
     assert len(server.requests) == 1  # not retried
     with serve_in_thread(FakeVerifierServer(reply="True", latency_s=0.2)) as server:

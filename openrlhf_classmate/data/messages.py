@@ -2,8 +2,10 @@
 
 A template renders whatever it is given: ``content: null`` becomes the word ``None``, a number its digits, an
 OpenAI-style list of content parts the Python list (``[{'type': 'text', ...}]``) unless the template iterates over
-the parts. :func:`messages_problem` finds the first message no template renders as meant; :func:`parts_problem`
-decides the content-part lists by what the given tokenizer's template does with them (:func:`renders_parts`).
+the parts. :func:`messages_problem` finds the first message no template renders as meant, and a list that is no
+prompt to answer (no user message, or an assistant message last: the template's generation prompt would open a
+second assistant turn after it); :func:`parts_problem` decides the content-part lists by what the given tokenizer's
+template does with them (:func:`renders_parts`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def messages_problem(messages: Any) -> str | None:
         problem = _content_problem(m["content"], role, bool(m.get("tool_calls")))
         if problem:
             return f"message {i} ({role}): {problem}"
+    return _turns_problem(messages)
+
+
+def _turns_problem(messages: list[dict]) -> str | None:
+    """A prompt is rendered with the generation prompt (the assistant header) after its last message: it needs a
+    user message to answer, and no assistant message last (the model would answer its own turn)."""
+    roles = [m["role"] for m in messages]
+    if "user" not in roles:
+        return (f"no user message (roles: {', '.join(roles)}): the model would get no question, only these turns and "
+                "the template's assistant header; give the question as a user message")
+    if roles[-1] == "assistant":
+        return (f"message {len(roles) - 1} (assistant) ends the prompt: the template opens another assistant turn "
+                "after it, so the model would answer its own answer; end the prompt with the user message (a "
+                "reference answer belongs in the label)")
     return None
 
 

@@ -24,7 +24,7 @@ from openrlhf_classmate.algo.classmate_prompt import PROMPT_MODES
 from openrlhf_classmate.algo.classmate_reward import CONDITIONS
 from openrlhf_classmate.algo.losses import LOSS_AGG_MODES
 from openrlhf_classmate.algo.spans import TRUNCATION_MODES
-from openrlhf_classmate.config_fields import POSITIVE_INT, Bound, add_dataclass_group
+from openrlhf_classmate.config_fields import POSITIVE_INT, REQUEST_TIMEOUT_S, Bound, add_dataclass_group
 
 SEPARATED_ESTIMATORS = ("separated", "separated_non_neg")
 LOSSES = ("auto", "separated", "vanilla_classmate")
@@ -56,8 +56,9 @@ class ClassmateConfig:
     )
     gpu_memory_utilization: float = field(
         default=0.3,
-        metadata={"help": "Fraction of GPU memory a classmate vLLM engine reserves; when GPUs are shared "
-                          "(placement colocate or share) its sum with --vllm.gpu_memory_utilization must stay below 1",
+        metadata={"help": "Fraction of GPU memory a classmate vLLM engine reserves; where it shares GPUs with the "
+                          "policy engines (placement share, or colocate with --train.colocate_all) its sum with "
+                          "--vllm.gpu_memory_utilization must stay below 1 (checked at launch)",
                   "range": Bound(0, 1, lo_open=True)},
     )
     placement: str = field(
@@ -282,7 +283,7 @@ class ClassmateConfig:
     judge_timeout_s: float = field(
         default=60.0, metadata={"help": "Seconds one judge request may take (connect + answer); a timed-out request "
                                         "is not retried and its score is invalid (masked)",
-                                "range": Bound(lo=0, lo_open=True)})
+                                "range": REQUEST_TIMEOUT_S})
     judge_max_retries: int = field(
         default=3, metadata={"help": "Retries of a judge request after a connection error, HTTP 5xx or 429 "
                                      "(exponential backoff from 0.5 s); then its score is invalid",

@@ -6,6 +6,8 @@ is one :class:`PreflightError` line naming the flag, the file (and line) or the 
 
 * every number of our flag groups finite and in its field's range (``config_fields.field_problem``), the scorer
   and judge flags, and the upstream counts and step intervals that would only fail (or hang) later;
+* no classmate-only option without a classmate (it would be ignored), and the two engine groups' memory fractions
+  summing below 1 where they share GPUs;
 * model and classmate paths: a local model folder with ``config.json``, or something that looks like a hub id; no
   tokenizer larger than its model's embedding;
 * checkpoint, output and log directories: writable, or creatable;
@@ -107,6 +109,68 @@ UPSTREAM_COUNTS = ("actor.num_nodes", "actor.num_gpus_per_node", "rollout.n_samp
 divide by zero or hang."""
 UPSTREAM_INTERVALS = ("eval.steps", "ckpt.save_steps")
 """Upstream step intervals: -1 turns them off."""
+
+CLASSMATE_ONLY = ("num_engines", "tensor_parallel_size", "gpu_memory_utilization", "placement", "enable_sleep",
+                  "dispatch", "max_context", "max_new_tokens", "temperature", "top_p", "top_k", "samples", "weights",
+                  "reward_weight", "condition", "truncation", "keep_min", "keep_max", "prompt_mode",
+                  "classmate_think_open", "classmate_think_close", "gdpo_weights", "token_mode", "eps_clip_low_high",
+                  "dual_clip", "seed_offset", "seed_requests")
+"""``--classmate.*`` options that only the classmate engines, its prompt, reward or loss read (``estimator``, ``loss``
+and ``scorer`` are refused without a classmate when the flags are parsed). The others also act without a classmate:
+the main reward's (``final_answer``, ``think_open`` / ``think_close``, ``main_scorer``, the judge), the run's stops
+and ``loss_agg_mode``."""
+
+
+def check_classmate_only_flags(args: SimpleNamespace) -> None:
+    """A classmate-only option given in a run without a classmate would be ignored: refused, naming them all."""
+    import dataclasses
+
+    if classmate_enabled(args):
+        return
+    cfg = args.classmate
+    defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(ClassmateConfig)}
+    # without a classmate the launcher copies --classmate.think_open/_close into the classmate's own tags
+    defaults.update(classmate_think_open=cfg.think_open, classmate_think_close=cfg.think_close)
+    given = []
+    for name in CLASSMATE_ONLY:
+        value = getattr(cfg, name)
+        if value != defaults[name]:
+            given.append(f"--classmate.{name}{_as_flag_value(value)}")
+    if given:
+        one = len(given) == 1
+        raise PreflightError(f"{', '.join(given)} {'needs' if one else 'need'} a classmate, which this run has not: "
+                             f"set --classmate.model_name_or_path, or drop {'it' if one else 'them'}")
+
+
+def _as_flag_value(value: Any) -> str:
+    """`` VALUE`` as written after its flag (a switch: nothing)."""
+    if isinstance(value, bool):
+        return ""
+    values = value if isinstance(value, list) else [value]
+    return "".join(f" {v:g}" if isinstance(v, float) else f" {v}" for v in values)
+
+
+def check_engine_memory(args: SimpleNamespace) -> None:
+    """Where the classmate's vLLM engines share GPUs with the policy's (``--classmate.placement share``, or
+    ``colocate`` under ``--train.colocate_all``), their two ``gpu_memory_utilization`` fractions of the whole GPU
+    must sum below 1 (vLLM checks at each engine's start that its fraction is free; HF engines reserve nothing)."""
+    cfg = args.classmate
+    if not classmate_enabled(args) or args.engine.backend == "hf":
+        return
+    if cfg.placement == "share":
+        where = "--classmate.placement share puts the classmate engines on the policy engines' GPUs"
+    elif cfg.placement == "colocate" and args.train.colocate_all:
+        where = "--classmate.placement colocate with --train.colocate_all puts both engine groups on the same GPUs"
+    else:
+        return
+    policy, classmate = args.vllm.gpu_memory_utilization, cfg.gpu_memory_utilization
+    if policy + classmate >= 1:
+        raise PreflightError(
+            f"--vllm.gpu_memory_utilization {policy:g} + --classmate.gpu_memory_utilization {classmate:g} = "
+            f"{policy + classmate:g} of each GPU, and {where}: each vLLM engine reserves its fraction of the whole "
+            "GPU, so the two must sum below 1 (the second to start would not find its memory free); lower one or "
+            "both")
 
 
 def check_scorer_flags(args: SimpleNamespace) -> None:
@@ -387,6 +451,8 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     """Run every check (cheapest first); raises :class:`PreflightError` at the first problem."""
     report = PreflightReport()
     check_ranges(args)
+    check_classmate_only_flags(args)
+    check_engine_memory(args)
     check_scorer_flags(args)
     check_judge_flags(args)
     check_estimator_masks_invalid_scores(args)

@@ -6,16 +6,20 @@ paths will read them.
   look it up on the hub and fail with "Couldn't find any data file");
 * every row of the file (the loader parses all of them, whatever ``--data.max_samples`` keeps): the prompt field, its
   chat messages as the policy's chat template needs them (:mod:`openrlhf_classmate.data.messages`), the label
-  (parsed, its scorer known and accepted, ``messages`` for the classmate, rendered by each classmate's template);
+  (parsed; accepted by every registry scorer the row meets, :func:`row_scorers`: the main answers' by the label's
+  ``data_source`` or ``--classmate.main_scorer``, the classmate's by ``--classmate.scorer``; ``messages`` for the
+  classmate, rendered by each classmate's template);
 * the rows the run uses (the first ``--data.max_samples``), tokenised as upstream renders them: a warning with
   counts when prompts are longer than ``--data.max_len`` leaves room for (upstream cuts them from the front), when a
   classmate prompt alone does not fit ``--classmate.max_context`` (every classmate call of the row is skipped), and
   an error when ``--vrcli.max_len`` is shorter than every generator sequence;
-* a judge configured when a data source is judge-scored; code rows' time limits against the sandbox's maximum.
+* a judge configured when a scorer the rows meet is judge-scored; code rows' time limits against the sandbox's
+  maximum, and the sandbox request's time limit (``OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT``) against theirs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import urllib.error
@@ -44,9 +48,11 @@ class DatasetNeeds:
     chat: bool
     """--data.apply_chat_template: the prompt may be chat messages."""
     labels_scored: bool
-    """Our scorer registry scores the labels (main reward or classmate)."""
+    """The labels are parsed (the scorer registry scores them, or the classmate reads their ``messages``)."""
     classmate: bool
-    scorer_override: str
+    scorers: tuple[tuple[str, str], ...]
+    """(flag, scorer) of every registry scorer a row's label meets (:func:`row_scorers`): the flag that chose it
+    (``""``: none, the label's own ``data_source``) and its name, or ``auto``."""
     used_rows: int = 10**18
     """Rows of each file the run uses (--data.max_samples): their lengths are measured."""
 
@@ -88,6 +94,8 @@ class _Lengths:
     vrcli_shortest: tuple[int, str] = (10**18, "")
     code_limit: tuple[float, str] | None = None
     """Largest max_execution_time of a code row, with its location."""
+    code_default: str | None = None
+    """Location of the first code row without a max_execution_time (the sandbox's default applies)."""
     first_use: dict[str, str] = field(default_factory=dict)
     """scorer -> location of its first row"""
 
@@ -166,8 +174,26 @@ def _check_label_messages(label: dict, needs: DatasetNeeds, location: str, args:
     return messages
 
 
+def row_scorers(args: SimpleNamespace, *, classmate_answers: bool = True) -> tuple[tuple[str, str], ...]:
+    """(flag, scorer) of every registry scorer a row's label meets in this run (:attr:`DatasetNeeds.scorers`): the
+    main answers' where the scorer registry is the reward (``--classmate.main_scorer``, ``auto``: the label's
+    ``data_source``), and the classmate's answers' where ``--classmate.scorer`` names one (``auto`` scores them as
+    the main answers; with a reward function or server of the user's, that one). ``classmate_answers=False``: rows
+    no classmate reads (the eval dataset)."""
+    cfg = args.classmate
+    scorers = []
+    if registry_reward_in_use(args):
+        scorers.append(("" if cfg.main_scorer == "auto" else "--classmate.main_scorer", cfg.main_scorer))
+    if classmate_answers and classmate_enabled(args) and cfg.scorer != "auto":
+        scorers.append(("--classmate.scorer", cfg.scorer))
+    return tuple(dict.fromkeys(scorers))
+
+
+_WHOSE = {"--classmate.main_scorer": "every row's main answers", "--classmate.scorer": "every row's classmate answers"}
+
+
 def _row_label(row: dict, needs: DatasetNeeds, location: str, found: _Lengths) -> dict | None:
-    """The row's parsed label, checked by its scorer (None when the registry does not score the labels)."""
+    """The row's parsed label, checked by every registry scorer it meets (None when the labels are not read)."""
     from openrlhf_classmate.scoring import LabelError, get_scorer, parse_label, resolve_data_source
 
     if not needs.label_key:
@@ -179,15 +205,27 @@ def _row_label(row: dict, needs: DatasetNeeds, location: str, found: _Lengths) -
         return None
     try:
         label = parse_label(row[needs.label_key])
-        source = label["data_source"] if needs.scorer_override == "auto" else needs.scorer_override
-        name = resolve_data_source(source)
-        get_scorer(name).check_label(label)
     except LabelError as e:
         raise PreflightError(f"{location}: field '{needs.label_key}': {e}") from None
-    found.first_use.setdefault(name, location)
-    limit = label.get("max_execution_time")
-    if name in CODE_SCORERS and limit is not None and (found.code_limit is None or limit > found.code_limit[0]):
-        found.code_limit = (float(limit), location)
+    for flag, scorer in needs.scorers:
+        # as the run scores it: a scorer named by a flag gets the label with its name as data_source
+        scored = label if scorer == "auto" else {**label, "data_source": scorer}
+        try:
+            name = resolve_data_source(scored["data_source"])
+            get_scorer(name).check_label(scored)
+        except LabelError as e:
+            if not flag:
+                raise PreflightError(f"{location}: field '{needs.label_key}': {e}") from None
+            raise PreflightError(
+                f"{location}: field '{needs.label_key}': {flag} {scorer} scores {_WHOSE[flag]} and cannot use this "
+                f"label ({e}); set {flag} to a scorer that fits these rows (auto: each label's data_source)") from None
+        found.first_use.setdefault(name, location)
+        if name in CODE_SCORERS:
+            limit = label.get("max_execution_time")
+            if limit is None:
+                found.code_default = found.code_default or location
+            elif found.code_limit is None or limit > found.code_limit[0]:
+                found.code_limit = (float(limit), location)
     return label
 
 
@@ -318,6 +356,28 @@ def _check_scorer_configs(found: _Lengths, judge) -> None:
             raise PreflightError(f"{location}: scorer '{name}': {e}") from None
 
 
+def _check_flag_scorers(args: SimpleNamespace, judge) -> None:
+    """A scorer named by ``--classmate.main_scorer`` / ``--classmate.scorer`` scores every row: what it needs (a
+    judge, a verifier, the sandbox's settings) is checked whatever the rows, also those of hub datasets that are not
+    scanned."""
+    from openrlhf_classmate.scoring import LabelError, get_scorer
+    from openrlhf_classmate.scoring.sycophancy import JudgeNotConfiguredError
+
+    for flag, scorer in row_scorers(args):
+        if not flag:
+            continue
+        try:
+            getattr(get_scorer(scorer, judge=judge), "check_config", lambda: None)()
+        except JudgeNotConfiguredError:
+            raise PreflightError(
+                f"{flag} {scorer} rates {_WHOSE[flag]} with an LLM judge, but no judge is configured: set "
+                f"--classmate.judge_base_url and --classmate.judge_model, or choose another {flag}") from None
+        except LabelError as e:  # a verifier not configured (TinyV)
+            raise PreflightError(f"{flag} {scorer} scores {_WHOSE[flag]}, but {e.detail}") from None
+        except ValueError as e:  # a malformed scorer environment (the code sandbox's)
+            raise PreflightError(f"{flag} {scorer}: {e}") from None
+
+
 def _report_lengths(flag: str, path: str, found: _Lengths, measure: _Measure, args: SimpleNamespace,
                     report: PreflightReport) -> None:
     if measure.policy is None:
@@ -350,9 +410,22 @@ def _report_lengths(flag: str, path: str, found: _Lengths, measure: _Measure, ar
             f"--vrcli.max_len {args.vrcli.max_len} even without a plan: their responses are never scored (invalid)")
 
 
+def _check_request_timeout(timeout_s: float, limit: float, where: str) -> None:
+    """One sandbox request runs all of a row's tests: its time limit must exceed the per-test limit ``limit``."""
+    if timeout_s > limit:
+        return
+    given = "" if os.environ.get("OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT") else " (its default)"
+    raise PreflightError(
+        f"OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT {timeout_s:g} s{given}, the time limit of one sandbox request (all its "
+        f"tests), is not above {where} {limit:g} s per test: a program that runs to its limit would make its sample "
+        "invalid; raise OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT or lower the test time limit")
+
+
 def _check_code_time_limits(found: _Lengths, report: PreflightReport) -> None:
     """Code rows (and OPENRLHF_CLASSMATE_CODE_TIME_LIMIT) must not ask the sandbox for more time per test than its
-    --max-time-limit allows (it answers 422 to every such request: the samples would all be invalid)."""
+    --max-time-limit allows (it answers 422 to every such request: the samples would all be invalid), nor for more
+    than a whole request may take (OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT). Their lower bound is the scorer's
+    (``scoring.code.MIN_TIME_LIMIT_S``, checked with each label and the environment)."""
     if not any(name in CODE_SCORERS for name in found.first_use):
         return
     from openrlhf_classmate.scoring.code import CodeSandboxConfig
@@ -363,19 +436,30 @@ def _check_code_time_limits(found: _Lengths, report: PreflightReport) -> None:
         asked.append((found.code_limit[0], f"{found.code_limit[1]}: max_execution_time"))
     if cfg.max_execution_time is not None:
         asked.append((cfg.max_execution_time, "OPENRLHF_CLASSMATE_CODE_TIME_LIMIT"))
-    if not asked:
+    for limit, where in asked:
+        _check_request_timeout(cfg.timeout_s, limit, where)
+    default_used = found.code_default is not None and cfg.max_execution_time is None
+    if not asked and not default_used:
         return
-    limit, where = max(asked, key=lambda x: x[0])
     url = cfg.url.rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(url, timeout=3) as reply:  # noqa: S310  (the configured http(s) URL)
-            maximum = float(json.load(reply)["limits"]["max_time_limit_s"])
+            limits = json.load(reply)["limits"]
+            maximum, default = float(limits["max_time_limit_s"]), limits.get("default_time_limit_s")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        reason = getattr(e, "reason", None) or type(e).__name__
-        report.warnings.append(
-            f"code rows: the sandbox at {cfg.url} is not reachable now ({reason}), so their time limits (largest "
-            f"{limit:g} s, {where}) are not checked against its --max-time-limit; start it before the run")
+        if asked:
+            limit, where = max(asked, key=lambda x: x[0])
+            reason = getattr(e, "reason", None) or type(e).__name__
+            report.warnings.append(
+                f"code rows: the sandbox at {cfg.url} is not reachable now ({reason}), so their time limits (largest "
+                f"{limit:g} s, {where}) are not checked against its --max-time-limit; start it before the run")
         return
+    if default_used and isinstance(default, int | float):
+        _check_request_timeout(cfg.timeout_s, float(default), f"{found.code_default}: the sandbox's --default-time-limit "
+                                                       "(the row gives no max_execution_time)")
+    if not asked:
+        return
+    limit, where = max(asked, key=lambda x: x[0])
     if limit > maximum:
         raise PreflightError(f"{where} {limit:g} s exceeds the sandbox's --max-time-limit {maximum:g} s ({cfg.url}): "
                              "it refuses every such request (HTTP 422) and those samples would all be invalid; lower "
@@ -390,8 +474,7 @@ def check_datasets(args: SimpleNamespace, report: PreflightReport, tokenizers: T
     enabled = classmate_enabled(args)
     needs = DatasetNeeds(
         input_key=args.data.input_key, label_key=args.data.label_key, chat=bool(args.data.apply_chat_template),
-        labels_scored=registry_reward_in_use(args) or enabled, classmate=enabled,
-        scorer_override=args.classmate.main_scorer,  # the main stream's: the rows' own labels are scored with it
+        labels_scored=registry_reward_in_use(args) or enabled, classmate=enabled, scorers=row_scorers(args),
         used_rows=args.data.max_samples,
     )
     if needs.labels_scored and not needs.label_key:
@@ -402,9 +485,11 @@ def check_datasets(args: SimpleNamespace, report: PreflightReport, tokenizers: T
     judge = judge_config_from_args(args)
     # scorers that read their settings from the process (TinyV) see this run's, as the engines will
     configure_tinyv(tinyv_config_from_args(args))
+    _check_flag_scorers(args, judge)
     if args.data.prompt_probs and len(args.data.prompt_probs.split(",")) != len(args.data.prompt_dataset.split(",")):
         raise PreflightError(f"--data.prompt_probs has {len(args.data.prompt_probs.split(','))} values for "
                              f"{len(args.data.prompt_dataset.split(','))} datasets in --data.prompt_dataset")
     scan_dataset("--data.prompt_dataset", args.data.prompt_dataset, needs, args, judge, report, tokenizers)
-    if args.eval.dataset:
-        scan_dataset("--eval.dataset", args.eval.dataset, needs, args, judge, report, tokenizers)
+    if args.eval.dataset:  # evaluation scores the main answers only
+        eval_needs = dataclasses.replace(needs, scorers=row_scorers(args, classmate_answers=False))
+        scan_dataset("--eval.dataset", args.eval.dataset, eval_needs, args, judge, report, tokenizers)

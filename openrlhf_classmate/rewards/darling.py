@@ -37,7 +37,7 @@ from openrlhf_classmate.algo.darling import (
     partition_diversity,
     short_answer_rule,
 )
-from openrlhf_classmate.config_fields import POSITIVE_INT, Bound
+from openrlhf_classmate.config_fields import POSITIVE_INT, REQUEST_TIMEOUT_S, Bound
 from openrlhf_classmate.rewards.pair_classifier import ClassifierSettings, PairClassifier
 
 URLS_ENV = "DARLING_CLASSIFIER_URLS"
@@ -132,7 +132,7 @@ class DarlingConfig:
     )
     timeout_s: float = field(
         default=600.0, metadata={"help": "Per-request classifier time limit in seconds (the default is the "
-                                         "reference's)", "range": Bound(lo=0, lo_open=True)}
+                                         "reference's)", "range": REQUEST_TIMEOUT_S}
     )
     max_retries: int = field(
         default=2,

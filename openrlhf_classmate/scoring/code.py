@@ -37,6 +37,13 @@ from openrlhf_classmate.scoring.labels import LabelError
 from openrlhf_classmate.scoring.result import ScoreResult
 
 REWARD_MODES = ("fraction", "all_or_nothing")
+MIN_TIME_LIMIT_S = 0.1
+"""Smallest time limit per test (a label's ``max_execution_time``, ``OPENRLHF_CLASSMATE_CODE_TIME_LIMIT``): a run of
+an empty program takes ~20 ms of it on an idle machine, so below this every test times out (a valid 0 for every
+sample), and at a microsecond or less the service fails every request (HTTP 500)."""
+MIN_REQUEST_TIMEOUT_S = 1.0
+"""Smallest ``OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT`` (one request, all its tests), as the model-server request time
+limits of the flag groups (``config_fields.REQUEST_TIMEOUT_S``)."""
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
 
@@ -64,8 +71,9 @@ class CodeSandboxConfig:
             raise ValueError(f"sandbox url must be http(s)://HOST:PORT, got {self.url!r}")
         if self.reward not in REWARD_MODES:
             raise ValueError(f"code reward must be one of {REWARD_MODES}, got {self.reward!r}")
-        if self.max_execution_time is not None and not 0 < self.max_execution_time < math.inf:
-            raise ValueError(f"max_execution_time must be a finite number > 0, got {self.max_execution_time}")
+        if self.max_execution_time is not None and not MIN_TIME_LIMIT_S <= self.max_execution_time < math.inf:
+            raise ValueError(f"max_execution_time must be a finite number of seconds >= {MIN_TIME_LIMIT_S:g}, got "
+                             f"{self.max_execution_time}")
         if not (0 < self.timeout_s < math.inf and self.max_concurrency >= 1 and self.max_retries >= 0
                 and 0 <= self.backoff_s < math.inf):  # NaN fails every comparison
             raise ValueError("sandbox client needs a finite timeout_s > 0, max_concurrency >= 1, max_retries >= 0 and "
@@ -88,6 +96,11 @@ class CodeSandboxConfig:
                         raise ValueError(f"{name}={value!r} is not a number") from None
                     if not math.isfinite(kwargs[key]):
                         raise ValueError(f"{name}={value!r}: must be a finite number of seconds")
+                    least = MIN_TIME_LIMIT_S if key == "max_execution_time" else MIN_REQUEST_TIMEOUT_S
+                    if kwargs[key] < least:
+                        what = "test" if key == "max_execution_time" else "sandbox request"
+                        raise ValueError(f"{name}={value!r}: the time limit per {what} must be >= {least:g} s (below "
+                                         f"it every {what.split()[-1]} times out); raise it")
                 else:
                     kwargs[key] = value
         try:
@@ -143,10 +156,12 @@ class CodeScorer(BaseScorer):
             if not ok:
                 raise LabelError(f"test {i} is not {what}: {t!r:.80}", data_source=source, field="tests")
         limit = label.get("max_execution_time")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
-                                  or not 0 < limit < math.inf):  # NaN fails the comparison too
-            raise LabelError(f"must be a finite positive number of seconds, got {limit!r:.40}", data_source=source,
-                             field="max_execution_time")
+        number = not isinstance(limit, bool) and isinstance(limit, (int, float))
+        if limit is not None and not (number and MIN_TIME_LIMIT_S <= limit < math.inf):  # NaN fails it too
+            short = (" (below it every test times out); raise it, or leave it out for the sandbox's default"
+                     if number and 0 < limit < MIN_TIME_LIMIT_S else "")
+            raise LabelError(f"must be a finite number of seconds >= {MIN_TIME_LIMIT_S:g}, got {limit!r:.40}{short}",
+                             data_source=source, field="max_execution_time")
 
     async def _ascore_answers(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[ScoreResult]:
         cfg = self.config

@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from openrlhf_classmate.config_fields import POSITIVE_INT, Bound, field_problem
+from openrlhf_classmate.config_fields import POSITIVE_INT, REQUEST_TIMEOUT_S, Bound, field_problem
 from openrlhf_classmate.scoring.base import BaseScorer, Item
 from openrlhf_classmate.scoring.judge_client import JudgeClient, JudgeConfig
 from openrlhf_classmate.scoring.labels import LabelError, require_scalar, require_str
@@ -110,7 +110,7 @@ class TinyVConfig:
         default=300.0,
         metadata={"help": "Per-request time limit in seconds (the default is TinyV's per-sample limit); a request "
                           "that runs past it is not retried and its sample is invalid",
-                  "range": Bound(lo=0, lo_open=True)},
+                  "range": REQUEST_TIMEOUT_S},
     )
     max_retries: int = field(
         default=3,
