@@ -150,6 +150,9 @@ def resolve_data_source(data_source: str) -> str:
     elif isinstance(data_source, str):
         close = difflib.get_close_matches(data_source, list(_NAMES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
+        # a name that holds a suffix's word in the wrong place (tinyv_bigmath): say what the suffix rule is
+        hint += "".join(f" Names ending in {suffix} go to the {name} scorer." for suffix, name in _SUFFIXES.items()
+                        if suffix.strip("_").casefold() in data_source.casefold())
     error = UnknownDataSourceError(
         f"no scorer for this data_source (exact, case-sensitive match).{hint} `{LIST_COMMAND}` lists the registered "
         "names; fix the dataset's data_source, or register a scorer with scoring.register_scorer().",
