@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""GSM8K (legacy RLVR set, method doc §8.5) -> train.jsonl (hub train) and test.jsonl (first 100 of hub test).
+"""GSM8K (legacy RLVR set) -> train.jsonl (hub train) and test.jsonl (hub test: all of it, or its first --test-size
+rows in order; the reference implementation evaluated on the first 100).
 
 User turn: question + " Put your final answer within \\boxed{}."; ground truth: the text after the last "#### " of
 the reference answer, commas removed. No random choice is made here (--seed is accepted for uniformity).
@@ -39,7 +40,8 @@ def to_example(location: str, row: dict) -> Example:
 def build(args, summary):
     sources = read_sources(args, summary, SOURCES)
     train = [to_example(loc, row) for loc, row in sources["train"]]
-    # The reference evaluates on the first rows of the hub test split, in order; the rest is never read.
+    # --test-size N keeps the first N rows of the hub test split, in order (the reference evaluated on the first
+    # 100); the rest is then never read
     test = [to_example(loc, row) for loc, row in itertools.islice(sources["test"], args.test_size)]
     return {
         "train": make_rows(train, data_source=NAME, split="train"),
@@ -47,9 +49,15 @@ def build(args, summary):
     }
 
 
+def size_or_all(text: str) -> int | None:
+    """``all`` (None: every row) or a number of rows >= 0."""
+    return None if text == "all" else non_negative(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(NAME, __doc__, hub_name=HUB_NAME, hub_config=HUB_CONFIG, sources=SOURCES)
-    parser.add_argument("--test-size", type=non_negative, default=100, help="first rows of the test split kept")
+    parser.add_argument("--test-size", type=size_or_all, default=None, metavar="N|all",
+                        help="first rows of the test split kept (default: all; the reference evaluated on 100)")
     return run_script(parser, build, argv)
 
 
