@@ -21,8 +21,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-# never uploaded with the Ray job's working directory: environments, history, outputs and weights
-RAY_JOB_EXCLUDES = [".venv/", ".git/", "runs/", "outputs/", "data/", "*.safetensors", "*.pt"]
+# never uploaded with the Ray job's working directory: environments, history, outputs and weights. Ray reads these as
+# .gitignore lines: the repository's own runs/, outputs/ and data/ folders are anchored at its root ("/data/"), as a bare
+# "data/" also dropped the package openrlhf_classmate/data/ from the job's copy
+RAY_JOB_EXCLUDES = [".venv/", ".git/", "/runs/", "/outputs/", "/data/", "*.safetensors", "*.pt"]
 
 
 def http_ok(url: str, timeout_s: float = 5.0) -> bool:

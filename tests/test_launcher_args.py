@@ -342,3 +342,33 @@ def test_a_dashboard_address_for_a_direct_launch_is_one_line():
     with pytest.raises(SystemExit, match=r"^error: RAY_ADDRESS=http://10.0.0.1:8265 is a dashboard .* HEAD_IP:6379"):
         ray_init_address("http://10.0.0.1:8265")
     assert ray_init_address("auto") == "auto" and ray_init_address("10.0.0.1:6379") == "10.0.0.1:6379"
+
+
+def test_the_launcher_as_a_ray_job_driver_merges_its_runtime_env_into_the_jobs(monkeypatch):
+    # `ray job submit --runtime-env-json` (the train scripts' cluster path) forwards HF_HUB_OFFLINE, WANDB_MODE, ...,
+    # which init_ray passes through too; ray.init in a job's driver refused the same key twice (even with one value)
+    import json
+
+    import ray
+    from ray.runtime_env.runtime_env import _merge_runtime_env
+
+    from openrlhf_classmate.cli.train_ppo_ray import init_ray
+
+    job_env = {"working_dir": "gcs://_ray_pkg_x.zip", "env_vars": {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}}
+    for name, value in {"RAY_ADDRESS": "127.0.0.1:6379", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+                        "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": job_env})}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("RAY_OVERRIDE_JOB_RUNTIME_ENV", "OPENRLHF_CLASSMATE_SCORER"):  # restored afterwards (init_ray sets them)
+        monkeypatch.delenv(name, raising=False)
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    init_ray(None, {"OPENRLHF_CLASSMATE_SCORER": "auto"})
+    [call] = calls
+    assert call["address"] == "127.0.0.1:6379" and call["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
+    # ray.init's own merge of the job's runtime env with the driver's (ray/_private/worker.py)
+    merged = _merge_runtime_env(job_env, call["runtime_env"],
+                                override=os.environ.get("RAY_OVERRIDE_JOB_RUNTIME_ENV") == "1")
+    assert merged is not None and merged["working_dir"] == job_env["working_dir"]
+    assert merged["env_vars"]["OPENRLHF_CLASSMATE_SCORER"] == "auto" and merged["env_vars"]["WANDB_MODE"] == "offline"
+    assert merged["worker_process_setup_hook"] == "openrlhf_classmate.integration.patches.worker_setup"

@@ -61,9 +61,24 @@ def test_first_model_id_reads_the_first_served_model(server, capsys):
 def test_ray_runtime_env_keeps_the_listed_variables_once():
     env = ray_runtime_env("/repo", ["HF_HOME", "MISSING", "HF_HOME", "MY_VAR"], {"HF_HOME": "/hf", "MY_VAR": "x",
                                                                                  "PATH": "/bin"})
-    assert env == {"working_dir": "/repo", "excludes": [".venv/", ".git/", "runs/", "outputs/", "data/",
+    assert env == {"working_dir": "/repo", "excludes": [".venv/", ".git/", "/runs/", "/outputs/", "/data/",
                                                         "*.safetensors", "*.pt"],
                    "env_vars": {"HF_HOME": "/hf", "MY_VAR": "x"}}
+
+
+def test_the_ray_job_upload_keeps_the_package_and_drops_the_repositorys_data():
+    # Ray's own reading of the excludes (gitignore lines): a bare "data/" dropped openrlhf_classmate/data/ too, and the
+    # job's driver then found no openrlhf_classmate.data where the package is not installed
+    from pathlib import Path
+
+    from ray._private.runtime_env.packaging import _get_excludes
+
+    excluded = _get_excludes(Path(REPO), ray_runtime_env(REPO, [])["excludes"])
+    for kept in ("openrlhf_classmate/data/io.py", "openrlhf_classmate/cli/train_ppo_ray.py", "configs/warmup.yaml"):
+        assert not excluded(Path(REPO, kept)), kept
+    for dropped in ("data/gsm8k/train.jsonl", "runs/warmup/final/config.json", "outputs/x.json", ".venv/bin/python",
+                    "openrlhf_classmate/model.safetensors"):
+        assert excluded(Path(REPO, dropped)), dropped
 
 
 def test_the_module_runs_as_lib_sh_calls_it(server):

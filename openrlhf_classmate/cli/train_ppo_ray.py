@@ -98,6 +98,10 @@ def init_ray(args, extra_env: dict[str, str]) -> None:
     os.environ.update(extra_env)
     runtime_env = {"env_vars": env, "worker_process_setup_hook": "openrlhf_classmate.integration.patches.worker_setup"}
     if os.environ.get("RAY_ADDRESS"):
+        # As a Ray job's driver (`ray job submit`, the train scripts' cluster path), ray.init merges this runtime env
+        # into the job's and refuses any environment variable both set, even to the same value (the scripts forward
+        # HF_HUB_OFFLINE, WANDB_MODE, ..., which are passed through here as well): this process's values win
+        os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
         ray.init(address=ray_init_address(os.environ["RAY_ADDRESS"]), runtime_env=runtime_env)
     elif torch.cuda.is_available():
         ray.init(runtime_env=runtime_env)
