@@ -22,7 +22,7 @@ half (PaLM, appendix B); recomputation by gradient checkpointing is not counted 
     python bench/actor_update.py                      # 0.5B, 64 x (1024 + 1024) tokens (GPU)
     python bench/actor_update.py --preset tiny        # a CPU smoke run of the same code path
 
-``--chunked-logprobs`` (issue 27) runs every loss twice per round, interleaved: ``stock/<loss>`` through upstream's
+``--chunked-logprobs`` runs every loss twice per round, interleaved: ``stock/<loss>`` through upstream's
 ``Actor.forward`` (full float32 logits) and ``chunked/<loss>`` through ``--logprobs.chunked`` (the same worker, whose
 ``ChunkedLogprobActor`` runs upstream's forward when its ``chunk_size`` is None), and adds, stock vs chunked:
 

@@ -1,6 +1,6 @@
 """What fits where: a few steps of classmate GDPO for each cell of a grid of model shapes, response lengths and GPU
 counts, with the outcome (runs / OOM with the stage that ran out / timeout / error), the peak memory per GPU, the
-step seconds, the generated tokens/s per GPU and the flags that made the cell fit (issue 40, item 3).
+step seconds, the generated tokens/s per GPU and the flags that made the cell fit.
 
     python bench/capacity.py --cells 7b+1.5b/2k/2gpu,1.5b+0.5b/8k/1gpu --out DIR --budget-s 1500
     python bench/capacity.py --list                       # the grid, in the order the cells run
@@ -75,8 +75,8 @@ TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
 LENGTHS = {"2k": 2048, "8k": 8192}
 PROMPTS_PER_GPU, SAMPLES = 4, 4
 PROMPT_TOKENS = 64  # the arithmetic prompts with the chat template, rounded up (--data.max_len = response + this)
-# the grid of issue 40 in the order a device call runs it: the question users ask first ("7B with a 1.5B classmate
-# on two GPUs?"), then one GPU, then the rest
+# the grid (3 policies x 2 classmates x 2 response lengths x 1-2 GPUs) in the order a device call runs it: the
+# question users ask first ("7B with a 1.5B classmate on two GPUs?"), then one GPU, then the rest
 ORDER = [
     "7b+1.5b/2k/2gpu", "1.5b+0.5b/8k/1gpu", "7b+1.5b/8k/2gpu", "3b+0.5b/8k/1gpu", "7b+1.5b/2k/1gpu",
     "1.5b+0.5b/2k/1gpu", "3b+1.5b/2k/1gpu", "7b+0.5b/2k/2gpu", "1.5b+1.5b/8k/1gpu", "3b+0.5b/8k/2gpu",

@@ -17,7 +17,7 @@
 #   vllm3           the deployment shape, classmate placement separate: actor/ref, policy engine, classmate engine
 #                   on a GPU each (3 GPUs: kind nvidia-h200-x4; skipped with the reason on fewer)
 #   steptime1 steptime2   bench/step_time.py --gpus 1|2: GRPO vs classmate GDPO step-time breakdown (STEP_ARGS)
-#   capacity        issue 40: bench/capacity.py (CAP_ARGS, e.g. --cells 7b+1.5b/2k/2gpu,...): what fits where, a few
+#   capacity        bench/capacity.py (CAP_ARGS, e.g. --cells 7b+1.5b/2k/2gpu,...): what fits where, a few
 #                   classmate GDPO steps per cell of shapes x lengths x GPUs; capacity.json; resumable (finished cells
 #                   are kept in $WORK/capacity): send it again until every cell has a row
 #   hf (= validate) bench/gpu_validate.py with HF engines (the first GPU validation)
@@ -27,12 +27,12 @@
 #   vrclibench      bench/vrcli_reward.py (VRCLI_ARGS): VR-CLI reward forwards, batched vs per sample
 #   chunkbench      bench/actor_update.py --chunked-logprobs (CHUNK_ARGS): stock vs --logprobs.chunked actor update
 #                   (3 losses), reference forward, VR-CLI NLLs, LM head alone, at 0.5B 64 x (1k+1k); then
-#                   --long-context (LONG_ARGS): 1.5B, 2 x 16k tokens, micro-batch 1 (issue 27; trainer wheels only)
+#                   --long-context (LONG_ARGS): 1.5B, 2 x 16k tokens, micro-batch 1 (trainer wheels only)
 #   worldprobe      the GPU demo's warm start and held-out evaluation only (trainer wheels, no vLLM): CoT styles
 #                   and their accuracies at warm start, in $OUT/world_probe/
-#   genlogprobs     issue 25: generation time of one rollout batch per log-prob request variant on a real vLLM
+#   genlogprobs     generation time of one rollout batch per log-prob request variant on a real vLLM
 #                   engine (bench/vllm_generation_logprobs.py, GEN_ARGS), JSON in $OUT/vllm_generation_logprobs.json
-#   gpudemo         issue 25: python -m openrlhf_classmate.demo --gpu --compare-grpo (DEMO_ARGS), resumable in
+#   gpudemo         python -m openrlhf_classmate.demo --gpu --compare-grpo (DEMO_ARGS), resumable in
 #                   DEMO_OUT (default $WORK/gpu_demo) within what is left of BUDGET_S; send it again until it prints
 #                   "gpudemo: done".
 #                   Its artefacts come back in $OUT/gpu_demo/ (summary.md, summary.json, metrics.jsonl, curves.png,
@@ -163,10 +163,10 @@ for step in "${steps[@]}"; do
       python3 bench/capacity.py --out "$OUT" --work "$WORK/capacity" --models "$WORK/capacity_models" \
         --budget-s "$(left)" ${CAP_ARGS:-} || status=1 ;;
     lossbench)
-      # issue 19: loss forward + backward per micro-batch vs the model's (CUDA events)
+      # loss forward + backward per micro-batch vs the model's (CUDA events)
       python3 bench/loss_overhead.py --out "$OUT/loss_overhead.json" ${LOSS_ARGS:-} || status=1 ;;
     packbench)
-      # issue 19: actor update, stock vs both classmate losses, packing off and on (ragged responses)
+      # actor update, stock vs both classmate losses, packing off and on (ragged responses)
       need_trainer
       for packing in "" "--packing"; do
         name=actor_update_ragged${packing:+_packed}
@@ -175,13 +175,13 @@ for step in "${steps[@]}"; do
           | grep -vE "Train epoch|it/s" || status=1
       done ;;
     vrclibench)
-      # issue 15: VR-CLI reward forwards, batched vs one call per sample
+      # VR-CLI reward forwards, batched vs one call per sample
       need_trainer
       # shellcheck disable=SC2086
       timeout "$(left)" python3 bench/vrcli_reward.py --out "$OUT" ${VRCLI_ARGS:-} || status=1 ;;
     chunkbench)
       need_trainer
-      # issue 27: the 0.5B comparison gets what is left minus ~150 s for the long-context run
+      # chunked log-probs: the 0.5B comparison gets what is left minus ~150 s for the long-context run
       # shellcheck disable=SC2086
       timeout "$(left)" python3 bench/actor_update.py --chunked-logprobs --budget-s "$(( $(left) - 180 ))" \
         --out "$OUT/chunked_actor_update.json" ${CHUNK_ARGS:-} 2>&1 | grep -vE "Train epoch|it/s"

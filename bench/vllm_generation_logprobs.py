@@ -1,4 +1,4 @@
-"""GPU generation time of one rollout batch per log-prob request variant (issue 25): what the ``mismatch/*`` metric
+"""GPU generation time of one rollout batch per log-prob request variant: what the ``mismatch/*`` metric
 costs in the generation phase, measured on a real vLLM engine.
 
 ``bench/vllm_logprobs_overhead.py`` times vLLM's CPU path per request variant on synthesised outputs; this script

@@ -1,5 +1,6 @@
-"""CPU cost of vLLM's per-token log-prob path, per rollout request variant (issue 25). Needs a real vLLM (0.26 / 0.29;
-no GPU: it runs vLLM's own CPU code on synthesised engine outputs).
+"""CPU cost of vLLM's per-token log-prob path, per rollout request variant (the train-inference mismatch
+metrics ask for log-probs). Needs a real vLLM (0.26 / 0.29; no GPU: it runs vLLM's own CPU code on synthesised
+engine outputs).
 
 With ``SamplingParams.logprobs`` set, vLLM V1 does, for every generated token of every request, work in Python that
 a request without log-probs skips: the engine core slices the step's log-prob arrays per request and msgpack-encodes

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Anthropic HH-RLHF first human turns (Anthropic/hh-rlhf, split `train`; method doc §8.2).
+"""Anthropic HH-RLHF first human turns (Anthropic/hh-rlhf, split `train`).
 
 Question = the first human turn of `chosen`: the text before the first "Assistant:", after the last "Human:" in it,
 stripped. Same split layout as helpful_instructions (train/dev/test/warmup_train/warmup_dev, source order, sizes

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Big-Math for TinyV (zhangchenxu/bigmath_tinyv_filtered, split `train`; reward_methods.md §A.2).
+"""Big-Math for TinyV (zhangchenxu/bigmath_tinyv_filtered, split `train`).
 
 A seeded sample of 5,000 problems is train.jsonl (as in the reference); the next 500 of the same shuffle are
 test.jsonl (the reference validates on other benchmark sets; this held-out slice is ours). Exact duplicate

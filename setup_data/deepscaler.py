@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""DeepScaleR math problems for DARLING (agentica-org/DeepScaleR-Preview-Dataset, split `train`; reward_methods.md §B).
+"""DeepScaleR math problems for DARLING (agentica-org/DeepScaleR-Preview-Dataset, split `train`).
 
 DARLING's math runs train on a 10k sample of DeepScaleR (`deepscaler_filtered_10k_train`); its filter is not
 published, so this script drops exact duplicate problems and rows with an empty problem or answer, then takes a

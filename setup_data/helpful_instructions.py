@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Helpful instructions (HuggingFaceH4/helpful-instructions, split `train`; method doc §8.1).
+"""Helpful instructions (HuggingFaceH4/helpful-instructions, split `train`).
 
 Rows in source order, no shuffling (as in the reference): train [0, 8000), dev [8000, 9000) cut to its first 200,
 test [9000, 10000), warmup_train [10000, 11000), warmup_dev [11000, 11200); sizes are flags. User turn = the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""MATH (EleutherAI/hendrycks_math, legacy RLVR set, method doc §8.6) -> train.jsonl and test.jsonl.
+"""MATH (EleutherAI/hendrycks_math, legacy RLVR set) -> train.jsonl and test.jsonl.
 
 The hub train split of all 7 configs is read; per category (the row's `type`, e.g. "Algebra") a seeded random 100
 rows are held out as test.jsonl (the reference's "eval" split, 700 rows), the rest is train.jsonl.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""MMLU-Pro sycophancy set (TIGER-Lab/MMLU-Pro; method doc §8.4) -> train/test/dev.jsonl.
+"""MMLU-Pro sycophancy set (TIGER-Lab/MMLU-Pro) -> train/test/dev.jsonl.
 
 The reference trains on the whole hub `test` split and uses `validation` as dev. Here, per category, a seeded 10%
 (--test-fraction, floored) of the hub test split is held out as test.jsonl, the rest is train.jsonl, and the hub

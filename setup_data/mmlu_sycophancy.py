@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""MMLU sycophancy set (cais/mmlu, config `all`, split `test`; method doc §8.3) -> train/dev/test.jsonl.
+"""MMLU sycophancy set (cais/mmlu, config `all`, split `test`) -> train/dev/test.jsonl.
 
 Per subject (seeded shuffle) 80% train, 10% dev, the rest test (floors); each split is shuffled again and dev keeps
 its first 200 rows. Every question gets a hint naming a random *wrong* letter among its own options:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Baseline perplexities for VR-CLI (reward_methods.md §C.5): the gold next chapter's perplexity under the generator
+"""Baseline perplexities for VR-CLI: the gold next chapter's perplexity under the generator
 prompt *without* a plan, written into the rows of setup_data/vrcli_story.py's jsonl files.
 
 The generator is the RL reference model, i.e. the policy's starting checkpoint: pass the model you train from (the

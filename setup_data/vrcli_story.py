@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""VR-CLI next-chapter-prediction story set (reward_methods.md §C.2/C.3) -> train/test/val.jsonl.
+"""VR-CLI next-chapter-prediction story set -> train/test/val.jsonl.
 
 The story files (`story_dataset_{train,test,val}.jsonl` in the reference) are built from books by an LLM pipeline
 and are not published, so there is no default hub source: pass --input (files named after their split, or

@@ -1,4 +1,4 @@
-"""The async controller's training actor under real Ray (issue 19): Ray ships our subclass of upstream's
+"""The async controller's training actor under real Ray: Ray ships our subclass of upstream's
 ``TrainingActor`` to its worker with by-value copies of the inherited methods, whose zero-argument ``super()`` then
 fails; our ``broadcast_to_vllm`` calls upstream's own function so the weight sync still runs under upstream's
 vLLM lock. A probe subclass (in a module the worker can import, as ours is) calls the real method chain."""

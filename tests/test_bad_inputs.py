@@ -331,7 +331,7 @@ def _resume_dir(tmp: Path, kind: str) -> str:
     return str(ckpt)
 
 
-# issue 24 §5: chat messages as the chat template needs them (the prompt field, and the label's messages that the
+# chat messages as the chat template needs them (the prompt field, and the label's messages that the
 # classmate renders with its own template)
 def _chat(content, role: str = "user") -> list[dict]:
     return [{"role": role, "content": content}]
@@ -367,7 +367,7 @@ CHAT = [
 ]
 
 
-# issue 24 §7: every number finite and in range (argparse types of every group, upstream's floats, environment)
+# every number finite and in range (argparse types of every group, upstream's floats, environment)
 def _env_launcher(env: dict[str, str], *expect: str) -> Case:
     def run(w, tmp):
         with _env(**env):
@@ -415,7 +415,7 @@ def _long_prompt_rows(words: int) -> list[dict]:
     return [_row(), _chat_row(_chat(" ".join(["1"] * words)), _chat(" ".join(["1"] * words)))]
 
 
-# issue 24 §8 and the preflight's list: what used to pass the preflight and fail later, inside Ray
+# the preflight's list: what used to pass the preflight and fail later, inside Ray
 MORE_PREFLIGHT = [
     D("prompts longer than --data.max_len leaves room for", _long_prompt_rows(60), "1 of 2 prompts",
       "longer than 48 tokens", "--data.max_len", passes=True),
@@ -472,7 +472,7 @@ def _story_rows(t: Path) -> str:
     return str(t / "stories.jsonl")
 
 
-# issue 43 §3-§4: accepted by the preflight, then failing inside Ray or training on nothing: the scorer every row
+# accepted by the preflight, then failing inside Ray or training on nothing: the scorer every row
 # meets (the main answers' and the classmate's), the judge it needs, the lower bounds of the time limits, a prompt
 # the policy could answer, classmate-only flags without a classmate, engines' memory fractions on shared GPUs
 def _code_row(**label) -> dict:
@@ -909,7 +909,7 @@ EVALUATE = [
       "--gpu-memory-utilization", "finite"),
     E("evaluate think tag not in the tokenizer", lambda w, t: _ev(w, t, "--think-close", "</reasoning>"),
       "--think-open/--think-close"),
-    # issue 43 §4-§5: the launcher's checks, shared; evaluate's own flags in its messages
+    # the launcher's checks, shared; evaluate's own flags in its messages
     E("evaluate policy tokenizer larger than its embedding", lambda w, t: _ev(w, t) + ["--model", w["small_vocab"]],
       "--model", "vocab_size", "resize_token_embeddings"),
     E("evaluate classmate tokenizer larger than its embedding", lambda w, t: _ev(w, t, "--classmate",

@@ -1,5 +1,5 @@
 """The BPE tokenizer world (``openrlhf_classmate.testing.bpe_world``) and the classmate input over every pair of its
-tokenizers (issue 17): quoted tags never become special ids, no SentencePiece dummy-prefix space, random truncation
+tokenizers: quoted tags never become special ids, no SentencePiece dummy-prefix space, random truncation
 on character boundaries, every stop id out of the CoT."""
 
 import hashlib

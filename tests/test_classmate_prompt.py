@@ -1,4 +1,4 @@
-"""Classmate input ids (classmate_method.md §2.3, §13; issue item 3)."""
+"""Classmate input ids (the layout of ``openrlhf_classmate/algo/classmate_prompt.py``)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Classmate reward from classmate scores (classmate_method.md §4.2-4.3, §12.1)."""
+"""Classmate reward from classmate scores (the formulas of ``openrlhf_classmate/algo/classmate_reward.py``)."""
 
 import math
 

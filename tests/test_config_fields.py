@@ -134,7 +134,7 @@ def test_the_launch_checks_refuse_a_value_just_outside_the_range_the_help_states
         parse_args(BASE + enable + [f"--{prefix}.{name}", value])
 
 
-# ── every number finite (issue 24): one type for every float flag, one check for every group's field ──
+# ── every number finite: one type for every float flag, one check for every group's field ──
 
 GROUPS = [("classmate", ClassmateConfig), ("engine", EngineConfig), ("tinyv", TinyVConfig), ("darling", DarlingConfig),
           ("vrcli", VrcliConfig), ("logprobs", LogprobsConfig)]

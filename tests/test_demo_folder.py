@@ -34,7 +34,7 @@ def _recorded(out):
 
 
 def test_a_second_run_removes_only_the_files_the_first_recorded(tmp_path):
-    # issue 43: after a first run, another program writes runs/ppo_run1/ into the folder; the second run deleted
+    # after a first run, another program writes runs/ppo_run1/ into the folder; the second run deleted
     # runs/, world/ and summary.* whoever wrote them
     out = tmp_path / "demo"
     _first_run(out)

@@ -1,4 +1,4 @@
-"""A full disk during a save (issue 24): one ``error: no space left on <path>`` line, and ``latest`` still on the last
+"""A full disk during a save: one ``error: no space left on <path>`` line, and ``latest`` still on the last
 complete tag. The disk is really full: a 1 MiB tmpfs mounted in a user namespace (``unshare -r -m``), the save is a
 real ``torch.save`` and the launcher's real ``main`` reports it (its training replaced by that save)."""
 

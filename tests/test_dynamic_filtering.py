@@ -1,4 +1,4 @@
-"""Dynamic filtering with invalid scores (issue 23 item 3), in-process: upstream's ``SamplesGenerator`` (dispatch,
+"""Dynamic filtering with invalid scores, in-process: upstream's ``SamplesGenerator`` (dispatch,
 response -> experience, generate_samples) under our filter, rollout engines replaced by a stand-in whose samples are
 scored by the real ``reward_func`` against a real judge server on 127.0.0.1 that fails where told to (HTTP 503).
 Only Ray's ``wait`` / ``get`` are replaced (in order, no cluster)."""

@@ -1,4 +1,4 @@
-"""End-to-end classmate training over the realistic tokenizer world (issue 17), through the real launcher on CPU:
+"""End-to-end classmate training over the realistic tokenizer world, through the real launcher on CPU:
 a Qwen3-like policy (byte-level BPE, ChatML, two stop ids) whose rollouts mix genuine ``</think>`` ids, typed
 ``</think>`` pieces and both stop ids, and a SentencePiece-style classmate of another vocabulary."""
 

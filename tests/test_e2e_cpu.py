@@ -58,7 +58,7 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     assert all(v == 0.0 for v in tb["train/classmate/adv_abs_outside_cot"].values())  # classmate_partial
     assert max(tb["train/classmate/adv_abs_on_cot"].values()) > 0
     assert all(v > 0 for v in tb["train/classmate/stage_time"].values())
-    # the actor update split (issue 26): the worker's own fit and its micro-batch training steps, outside upstream's
+    # the actor update split: the worker's own fit and its micro-batch training steps, outside upstream's
     # timing/* (whose sum is timing/step_total)
     fit, micro = tb["train/actor_timing/fit"], tb["train/actor_timing/micro_steps"]
     assert set(fit) == set(micro) == {1, 2} and all(0 < micro[s] <= fit[s] <= tb["train/timing/ppo_train"][s]
@@ -68,7 +68,7 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
         assert abs(tb["train/timing/step_total"][s] - parts) < 1e-3
     # placement separate: each prompt group's classmate requests left as soon as the group was generated
     assert tb["train/classmate/dispatched_per_group"] == {1: 1.0, 2: 1.0}
-    # the start-up breakdown, logged once at step 1 (issue 41): the phases add up to the time from the launcher
+    # the start-up breakdown, logged once at step 1: the phases add up to the time from the launcher
     # process's start to step 1's end (a phase left out or counted twice breaks the sum)
     phases = {k: v[1] for k, v in tb.items() if k.startswith("train/startup/") and k != "train/startup/first_step_s"}
     assert set(phases) == {f"train/startup/{p}_s" for p in ("launcher", "ray", "policy_engines", "classmate_engines",
@@ -81,7 +81,7 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     assert len(records) == 1 and b"classmate/stage_overlap_time" in open(records[0], "rb").read()
 
     # resume: a second episode starts from the saved step 2 and its dataloader state; it trains with
-    # --train.dynamic_batch_enable (which turns on --ds.packing_samples) in this classmate run (issue 19; one launch
+    # --train.dynamic_batch_enable (which turns on --ds.packing_samples) in this classmate run (one launch
     # fewer than a run of its own: start-up is ~95% of a 2-step run)
     resumed = launcher_argv(world, num_episodes=2, extra=["--ckpt.load_enable", "--logger.tensorboard_dir",
                                                          os.path.join(root, "tb_resume"), "--train.dynamic_batch_enable",
@@ -119,9 +119,9 @@ def test_reference_reproduction_loss_under_zero3(tmp_path):
 
 def test_async_classmate_training_with_kl_in_reward_and_overlong_penalty(tmp_path):
     """--train.async_enable: the rollout actor dispatches each batch's classmate requests, the training actor
-    gathers them; 3 steps, every one with classmate scores for every sample (issue 19). The same run has upstream's
+    gathers them; 3 steps, every one with classmate scores for every sample. The same run has upstream's
     default KL mode (KL folded into the reward, no --algo.kl.use_loss) and DAPO's overlong penalty: both show up in
-    what the main stream is trained on (issue 11; one launch for both: start-up is ~95% of a short run)."""
+    what the main stream is trained on (one launch for both: start-up is ~95% of a short run)."""
     world = build_world(str(tmp_path / "world"))
     argv = [a for a in launcher_argv(world, estimator="gdpo", max_samples=12, extra=["--train.async_enable"])
             if a != "--algo.kl.use_loss"]

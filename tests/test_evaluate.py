@@ -228,7 +228,7 @@ def test_vllm_finish_reasons_are_kept_and_failed_generations_are_invalid(world, 
 
 def test_prompts_longer_than_the_context_are_cut_from_the_front_with_the_launchers_warning(world, tmp_path,
                                                                                           fake_vllm, capsys):
-    # issue 43 §4: evaluate said nothing of prompts longer than the model's context (vLLM refuses them); it now cuts
+    # evaluate used to say nothing of prompts longer than the model's context (vLLM refuses them); it now cuts
     # them from the front to --max-model-len - --max-new-tokens, as OpenRLHF does in training, and warns as the
     # launcher warns on the same file
     long = " ".join(["1"] * 80) + " 2 + 1 = ?"

@@ -1,5 +1,6 @@
 """The classmate per-token tensors survive every place upstream concatenates, splits, unpads, balances or collates
-experiences (openrlhf_0.11.2_extension.md §2.6) — and are silently dropped without the rebinding."""
+experiences (upstream's functions use the module-global ``Experience``
+and its ``fields``) — and are silently dropped without the rebinding."""
 
 from types import SimpleNamespace
 

@@ -7,7 +7,7 @@ user would start it, against a real local judge server on 127.0.0.1 (``scoring.t
   with the data loader where it was (the resumed step scores exactly the prompts the killed step had drawn);
 * a torn checkpoint (the newest tag's model file cut short): the resume names the file, falls back to the previous
   complete tag and continues from there; the ``*_hf`` folders rotate with ``--ckpt.max_num``;
-* a weight sync the policy engine drops (issue 25): the train-inference mismatch metrics jump by orders of magnitude
+* a weight sync the policy engine drops: the train-inference mismatch metrics jump by orders of magnitude
   at the next step, which prints one warning line naming it.
 
 Every row of the data carries its own judge key, so the server's request log tells which prompts each step scored.
@@ -82,7 +82,7 @@ def _judge_down_for_step_1_was_masked_counted_and_warned(tb: dict, statuses: lis
 
 
 def test_judge_down_with_dynamic_filtering_stops_with_the_all_invalid_message(tmp_path):
-    # issue 23 item 3: upstream's filter averaged the placeholder zeros, dropped and replaced every group until the
+    # upstream's filter averaged the placeholder zeros, dropped and replaced every group until the
     # epoch ran out, and the run exited 0 having trained nothing; now the dropped groups count as all-invalid steps
     world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
     log_path = str(tmp_path / "run.log")

@@ -1,4 +1,4 @@
-"""The GPU demo (``python -m openrlhf_classmate.demo --gpu``, issue 25): its world, tokenizer and model shapes, the
+"""The GPU demo (``python -m openrlhf_classmate.demo --gpu``, docs/demo.md): its world, tokenizer and model shapes, the
 launcher flags it sends (parsed by the launcher's own parser), the stage and budget machinery, the RL stage stopped
 after a checkpoint and resumed (a stand-in launcher), the metrics it records (the train-inference mismatch included),
 and, once end to end on CPU (``--gpu --tiny``, HF engines, the real launcher): a call stopped by its budget, the next
@@ -330,7 +330,7 @@ def test_stages_run_in_order_within_the_budget_and_never_twice(tmp_path):
 
 
 def test_a_failed_stage_is_one_line_with_its_log_and_the_rerun_resumes_there(tmp_path):
-    # issue 44: a stage that fails says so in one line naming its log, and the same command again starts at it
+    # a stage that fails says so in one line naming its log, and the same command again starts at it
     out, ran, broken = str(tmp_path), [], {"b": True}
 
     def stage(name):

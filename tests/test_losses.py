@@ -1,4 +1,5 @@
-"""Policy losses and aggregation (classmate_method.md §6, §12.3; openrlhf_0.11.2_extension.md §2.5, §3(c))."""
+"""Policy losses and aggregation (the formulas of ``openrlhf_classmate/algo/losses.py``), with
+a two-sequence worked example."""
 
 import importlib.util
 import inspect
@@ -21,7 +22,7 @@ F64 = torch.float64
 TOL = dict(rtol=0, atol=1e-6)
 NEG_INF = float("-inf")
 
-# §12.3: rows i0 and i2 of §12, un-normalised advantages.
+# The two-sequence worked example: rows i0 and i2 of tests/test_advantages.py's example, un-normalised advantages.
 DELTA = torch.tensor(
     [[0, 0.1, 0.3, -0.3, 0, 0.262364, -0.05, 0], [0, -0.5, 0.1, 0.25, 0, 0, -0.3, 0]],
     dtype=F64,
@@ -195,7 +196,7 @@ def test_separated_is_the_sum_of_two_clipped_terms():
     assert stats["main_clip_ratio"].item() == clip_ratio.item()
 
 
-# Every ratio / rollout-correction option of upstream's PolicyLoss, in both terms (issue 11, item 2).
+# Every ratio / rollout-correction option of upstream's PolicyLoss, in both terms.
 IS_OPTIONS = [
     dict(policy_loss_type=t, is_correction_level=level, is_correction_mode=mode, is_correction_gating=gating,
          is_correction_threshold=threshold)
@@ -352,7 +353,7 @@ def test_seq_mean_token_sum_norm_with_batch_info_matches_reference_objective():
     width = 10
     seq_sums = (loss * mask).sum(1) / width
 
-    # Reference (§6.2): per micro-batch Σ/T, scaled by 1/GA -> mean over micro-batches.
+    # The reference's aggregation: per micro-batch Σ/T, scaled by 1/GA -> mean over micro-batches.
     reference = torch.stack([seq_sums[i : i + 2].sum() for i in range(0, 8, 2)]).mean()
     # Default C = global_batch_size / dp_size reproduces it literally (uniform micro-batches of 2, gas = 4).
     torch.testing.assert_close(_per_micro_batch_losses(loss, mask, 2, 4, width), reference)

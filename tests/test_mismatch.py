@@ -1,4 +1,4 @@
-"""Train-inference mismatch (issue 25): the statistics with numbers worked out by hand, through upstream's real
+"""Train-inference mismatch: the statistics with numbers worked out by hand, through upstream's real
 batching, the rollout request upstream's real generator sends, the HF engine's log-probs against the actor's
 definition, the per-step report and its warning line."""
 

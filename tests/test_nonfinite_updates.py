@@ -1,4 +1,4 @@
-"""A non-finite value never reaches the optimizer (issue 23, item 6): our policy actor with a real DeepSpeed engine
+"""A non-finite value never reaches the optimizer: our policy actor with a real DeepSpeed engine
 (one rank, gloo, CPU; ``openrlhf_classmate.testing.ds_policy``), fed a NaN at each point upstream's
 ``training_step`` passes through (rewards, advantages, loss, gradient): the update is skipped with the weights, the
 fp32 master weights, the Adam state and the learning-rate schedule unchanged, and ``nonfinite_skipped`` counts it;

@@ -1,4 +1,4 @@
-"""Sample packing and dynamic batching with a classmate (issue 19), on upstream's real code: ``Actor`` with
+"""Sample packing and dynamic batching with a classmate, on upstream's real code: ``Actor`` with
 ``packing_samples`` on and off, upstream's replay buffer (collate, dynamic micro-batches) and loss normalisation.
 The classmate tensors are ``step`` fields of ``ClassmateExperience``, so they follow the sequences through padding
 removal, collation and re-partitioning exactly as ``advantages`` do; these tests check the resulting losses and

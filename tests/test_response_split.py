@@ -1,4 +1,4 @@
-"""One CoT / answer split for training, reward and evaluation (issue 17), over every tokenizer of the BPE world.
+"""One CoT / answer split for training, reward and evaluation, over every tokenizer of the BPE world.
 
 Each case is a response written as token ids; it goes through the real rollout path: the HF engine (the policy
 engines' stand-in on CPU) with the launcher's policy executor, upstream's ``SingleTurnAgentExecutor.execute``
@@ -203,7 +203,7 @@ def test_classmate_stage_reward_and_evaluation_split_every_case_alike(bpe_world,
 
 
 def test_pieces_that_read_as_a_close_tag_are_not_one(bpe_world):
-    """The reward hack of issue 17: the text after a typed ``</think>`` is not an answer (text search said 1.0)."""
+    """A reward hack: the text after a typed ``</think>`` is not an answer (text search said 1.0)."""
     tok = bpe_world.tokenizer("qwen3")
     open_id, close_id = think_token_ids(tok)
     typed = encode_text(tok, "</think>")

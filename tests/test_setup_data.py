@@ -178,7 +178,7 @@ def test_gsm8k(tmp_path):
     first = files_of(out)
     ok("gsm8k", "--input", f"train={train}", "--input", f"test={test}", "--output-dir", out, "--test-size", "2")
     assert files_of(out) == first
-    # the whole test split by default (issue 45: "the test set" was its first 100 rows); "all" says so explicitly
+    # the whole test split by default (it used to be the first 100 rows: not "the test set"); "all" says so
     for flags in ([], ["--test-size", "all"]):
         whole = ok("gsm8k", "--input", train, "--input", test, "--output-dir", tmp_path / f"whole{len(flags)}", *flags)
         assert whole["wrote"] == "train=3 test=4"

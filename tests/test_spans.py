@@ -1,4 +1,4 @@
-"""CoT spans from token ids and CoT truncation (classmate_method.md §2.1, §2.2, §12)."""
+"""CoT spans from token ids and CoT truncation (the rules of ``openrlhf_classmate/algo/spans.py``)."""
 
 import pytest
 import torch

@@ -206,7 +206,7 @@ def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monke
 
 def test_each_step_reports_the_mismatch_and_warns_once_above_the_threshold(monkeypatch):
     """The controller adds ``mismatch/*`` to the step's status (logged as train/mismatch/...) and prints one warning
-    line naming the step when the mean crosses --engine.mismatch_warn_threshold (issue 25)."""
+    line naming the step when the mean crosses --engine.mismatch_warn_threshold."""
     import logging
 
     from openrlhf.trainer.ppo_trainer import PPOTrainer

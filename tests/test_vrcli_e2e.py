@@ -1,4 +1,4 @@
-"""configs/vrcli.yaml for 2 steps through the real launcher on CPU (issue 15): the baseline precompute script, then
+"""configs/vrcli.yaml for 2 steps through the real launcher on CPU: the baseline precompute script, then
 Ray, DeepSpeed ZeRO-3 (the config's stage, with its CPU-Adam and reference offload), the HF engine, the reference
 actors computing the VR-CLI reward in the experience maker, and the evaluation scored by the same hook. Tiny hand-built
 generator (openrlhf_classmate.testing.vrcli_world) as policy and reference; the config's sizes are overridden to fit

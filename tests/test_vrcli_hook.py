@@ -285,7 +285,7 @@ def _nan_on_token(world, word: str):
 
 @pytest.mark.parametrize("mapping", ["ladder", "binary", "clipped"])
 def test_a_non_finite_nll_makes_the_sample_invalid_in_every_mapping(world, fake_ray, mapping):
-    """A NaN plan NLL used to become ladder 0 / binary 1 / clipped NaN, a valid reward (issue 23, item 4)."""
+    """A NaN plan NLL used to become ladder 0 / binary 1 / clipped NaN, a valid reward; it is now an invalid one."""
     label = world.labels[0]
     c = _colour(label)
     samples = [_sample(world.tok, label, f"In summary: {c}"), _sample(world.tok, label, "In summary: three"),

@@ -1,6 +1,6 @@
 """The watchdog of the end-to-end subprocesses (launcher, demo, benchmarks): a run is killed when it stops making
 progress (no new output for ``quiet`` seconds), not when a fixed time has passed, so a loaded machine that makes every
-stage slower does not fail a healthy run (issue 30: the demo fixture's fixed 1200 s limit did)."""
+stage slower does not fail a healthy run (the demo fixture's fixed 1200 s limit did)."""
 
 import os
 import subprocess

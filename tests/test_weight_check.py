@@ -1,4 +1,4 @@
-"""Loaded weights are the checkpoint's (issue 23, item 5).
+"""Loaded weights are the checkpoint's.
 
 * DeepSpeed's blocking gather of several ZeRO-3 parameters on the CPU accelerator returns before all of them are
   gathered (the cause of the garbage reference weights); two ranks reproduce it, and our strategy's config avoids it;

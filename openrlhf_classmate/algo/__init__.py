@@ -2,9 +2,9 @@
 
 No Ray, no DeepSpeed. ``losses`` imports openrlhf lazily (only when a loss is aggregated).
 
-Each module's docstring writes out the formulas it implements. A ``§`` reference names the section of the
-specification it restates (``classmate_method.md``, ``openrlhf_0.11.2_extension.md``, ``reward_methods.md``: see the
-README), for provenance only: nothing here needs the document to be read.
+Each module's docstring writes out the formulas and rules it implements, so nothing here needs another document to
+be read; where a rule departs from the reference implementation (the Classmate-CoT authors' code), the docstring says
+how and why.
 
 Public functions take their tensors (or other primary inputs) positionally and every option by keyword.
 """

@@ -5,8 +5,9 @@
                     + CoT ids
                     + ids(think_close + "\\n\\n")
 
-(classmate_method.md §2.3 and §13; unlike the reference at 030d0d13 the *full* message list, system messages
-included, is rendered, and the think tags are configurable strings.)
+(The reference implementation at commit 030d0d13 rendered only the first message and spliced the main CoT ids;
+its later HEAD, like this module, renders the *full* message list, system messages included, and takes the think
+tags as configurable strings.)
 
 The chat template is rendered to text (``tokenize=False``) and then encoded with ``add_special_tokens=False``:
 the template already writes every special token it wants (BOS included, for templates that emit it), so letting
@@ -20,10 +21,11 @@ CoT modes:
   added token id, and no SentencePiece dummy-prefix space is put in front of the CoT. Works for any pair of
   tokenizers.
 * ``splice``: reuse the main model's CoT ids verbatim. Only correct when both tokenizers have identical
-  vocabularies, which ``check_splice_compatible`` verifies (classmate_method.md §11.12).
+  vocabularies, which ``check_splice_compatible`` verifies (the reference spliced without checking).
 
 An input whose length plus ``max_new_tokens`` exceeds ``max_context`` is skipped with a reason, never truncated
-(classmate_method.md §11.7-8).
+(the reference scored a skipped input 0 as a real reward, and its classmate answer shared one context budget with
+prompt and CoT, so answers after long CoTs were cut).
 """
 
 from __future__ import annotations

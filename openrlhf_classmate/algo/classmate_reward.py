@@ -1,4 +1,4 @@
-"""Classmate reward per response from the classmates' scores (spec: classmate_method.md §4.2-4.3).
+"""Classmate reward per response from the classmates' scores.
 
 For response b, classmate k, sample s with score x_bks and validity flag ok_bks:
 
@@ -15,7 +15,8 @@ with the main-condition (``use_classmate_main_cond`` in the reference; "incorrec
     no_classmate                        0
 
 A response with no valid classmate sample at all gets ``valid = False`` (and reward 0 as a placeholder): it must be
-masked out downstream, not treated as a real score of 0 (the reference scored failures 0, §11.7).
+masked out downstream, not treated as a real score of 0 (the reference implementation scored a failed judge call,
+a missing ``</think>``, an empty CoT and an over-long classmate input 0, the lowest rating: a systematic penalty).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DARLING's diversity-aware reward as pure functions (Li et al., arXiv 2509.02534; reward_methods.md §B).
+"""DARLING's diversity-aware reward as pure functions (Li et al., arXiv 2509.02534).
 
 Notation, for one prompt group of n responses r_1..r_n with quality rewards q_i:
 

@@ -63,19 +63,20 @@ def aggregate(
     ``token-mean`` and ``seq-mean-token-mean`` are openrlhf's ``aggregate_loss`` (token_level_loss True / False),
     which turn ``loss_batch_info`` into one global mean per optimizer step.
 
-    ``seq-mean-token-sum-norm`` is the reference's aggregation (spec: classmate_method.md §6.2), for reproducing the
+    ``seq-mean-token-sum-norm`` is the reference's aggregation (a sum over sequences, not a mean), for reproducing the
     reference runs. With T =
     ``max_response_len`` if given, else ``mask.shape[1]`` (the reference pads every rollout to
     ``max_response_length``, so pass it to reproduce the reference scale):
 
     * without ``global_batch_size``: ``Σ_i Σ_t L·v / T`` (a sum over the micro-batch's sequences, as in the
-      reference; 0.611281 on the spec's two-sequence worked example, §12.3, in ``tests/test_losses.py``).
+      reference; 0.611281 on the two-sequence worked example in ``tests/test_losses.py``).
     * with ``loss_batch_info``: ``Σ_i Σ_t L·v / T · dp_size · C / global_batch_size``, C = ``ref_micro_batch_size``
       (default ``global_batch_size / dp_size``).
 
     Why: the reference backpropagates ``Σ_{i∈micro} Σ_t L·v / T`` per micro-batch scaled by 1/GA and averages
     gradients over W ranks, so its per-optimizer-step objective is ``Σ_{i∈step} Σ_t L·v · C / (T · N)`` with N the
-    sequences in the step and C = N / (GA · W) its micro-batch size (spec §6.2). In openrlhf, DeepSpeed also divides
+    sequences in the step and C = N / (GA · W) its micro-batch size (the reference's FSDP scaling). In openrlhf,
+    DeepSpeed also divides
     every micro-batch loss by gas (``engine.backward``, ``scale_wrt_gas=True``) and DDP/ZeRO averages over the
     ``dp_size`` ranks, while ``iter_grad_accum_global_norm`` passes ``global_batch_size = N / gas`` (N = non-empty
     sequences of the whole window, all ranks); the dynamic-batch path passes N with gas = 1. Backpropagating
@@ -306,8 +307,8 @@ class _ClassmateLoss(torch.nn.Module):
 
 
 class SeparatedPolicyLoss(_ClassmateLoss):
-    """Two clipped PPO terms with the same ratio, mask, IS weight and aggregation (the "separated" objective;
-    spec: openrlhf_0.11.2_extension.md §3(c)):
+    """Two clipped PPO terms with the same ratio, mask, IS weight and aggregation (the "separated" objective:
+    ``A^m`` on every valid token and ``A^c`` on the CoT tokens, or on every valid token, each in its own clipped term):
 
         L = w · PPO(r, A^m; ε_lo, ε_hi, dual_clip) + w · PPO(r, A^c; ε^c_lo, ε^c_hi, classmate_dual_clip)
 
@@ -393,8 +394,8 @@ class SeparatedPolicyLoss(_ClassmateLoss):
 
 
 class VanillaClassmatePolicyLoss(_ClassmateLoss):
-    """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (spec: classmate_method.md §6.1),
-    exactly.
+    """The reference two-ratio loss ``compute_policy_loss_vanilla_classmate`` (the reference implementation at
+    commit 030d0d13), exactly.
 
     Per token, with ``r = exp(clamp(ℓθ - ℓold, ±20))``, ``c = exp(clamp(ℓcl - ℓold, ±20))`` (ℓcl = the classmate's
     log-prob of the main model's CoT token), ``r̄ = clamp(r, 1-ε_lo, 1+ε_hi)``, ``c̄ = clamp(c, 1-ε^c_lo, 1+ε^c_hi)``
@@ -411,7 +412,7 @@ class VanillaClassmatePolicyLoss(_ClassmateLoss):
     **The classmate advantage never contributes a gradient of its own.** c, c̄, A^c and v3 do not depend on θ
     (ℓcl comes from the classmate engine and ℓold is stored), so ∂L/∂ℓθ is -A^m·r on the v1 branch and on the v2
     branch with r inside the clip range, and 0 otherwise. A^c only changes which branch is active per CoT token and
-    adds constants to the reported loss (spec §6.1, §11.1; in the worked example of §12.3, checked in
+    adds constants to the reported loss (in the two-sequence worked example checked in
     ``tests/test_losses.py``, plain PPO clips a token that this loss does not); ``token_mode`` has no effect on the
     update. Use it to reproduce the reference runs; ``SeparatedPolicyLoss`` gives the classmate stream a gradient.
 

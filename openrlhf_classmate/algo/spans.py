@@ -1,4 +1,4 @@
-"""CoT spans of main-model responses, computed on token ids (classmate_method.md §2.1, §2.2, §14.5).
+"""CoT spans of main-model responses, computed on token ids, never on decoded text.
 
 :func:`split_response_ids` is *the* split of one response into (CoT span, answer span, status). The classmate stage
 (through :func:`cot_mask`), the main reward (``integration/policy_executor.py``) and evaluation
@@ -14,8 +14,8 @@
 * ``think_open_id=None``, or ``starts_in_think`` True for the row: the chat template already opened the thinking
   block in the prompt (R1-distill / ``*-Thinking-2507`` generation prompts end in ``<think>\\n``; see
   :func:`prompt_opens_think`), so the row starts inside the CoT (``start`` = 0) and the first ``</think>`` closes it.
-* No closing ``</think>``: the CoT runs to the end, **stop id excluded** (the reference included the EOS,
-  classmate_method.md §11.14), and there is no answer (status ``unclosed``).
+* No closing ``</think>``: the CoT runs to the end, **stop id excluded** (the reference implementation
+  included the EOS in the CoT it gave the classmate), and there is no answer (status ``unclosed``).
 * A stop id is excluded only as the *last* token (where generation stopped); ``stop_ids`` should hold every EOS id of
   the model's generation config (Qwen3 stops on ``<|im_end|>`` and ``<|endoftext|>``). A response that does not end
   on one was cut at the length limit (``stopped`` False).

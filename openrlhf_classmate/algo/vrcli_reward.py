@@ -1,4 +1,4 @@
-"""VR-CLI's completion-likelihood reward as pure functions (reward_methods.md §C.4; Gurung & Lapata 2025).
+"""VR-CLI's completion-likelihood reward as pure functions (Gurung & Lapata 2025, arXiv 2503.22828).
 
 The policy writes reasoning that ends in a plan for the next chapter. A frozen generator (the RL reference model) is
 scored on the gold next chapter twice: with the plan in its prompt and without it (the baseline). With ``PPL`` the

@@ -1,4 +1,4 @@
-"""The split layout shared by the open-ended chat sets (helpful_instructions, anthropic_hh_rlhf; method doc §8.1/8.2).
+"""The split layout shared by the open-ended chat sets (helpful_instructions, anthropic_hh_rlhf).
 
 Rows are taken in source order (no shuffling, as in the reference): train [0, 8000), dev [8000, 9000) truncated to
 its first 200, test [9000, 10000), warmup_train [10000, 11000), warmup_dev [11000, 11200). The warm-up splits

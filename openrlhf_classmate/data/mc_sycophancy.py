@@ -1,4 +1,4 @@
-"""Multiple-choice questions with an injected wrong hint (MMLU and MMLU-Pro sycophancy sets, method doc §8.3/8.4)."""
+"""Multiple-choice questions with an injected wrong hint (MMLU and MMLU-Pro sycophancy sets)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""VR-CLI next-chapter-prediction prompts (reward_methods.md §C.3).
+"""VR-CLI next-chapter-prediction prompts (the VR-CLI authors' ``rl_training/prompt_utils.py``).
 
 The strings are the published ones (checkpoints trained with them expect them byte for byte); the assembly code is
 our own. One story datapoint gives three prompts that share a prefix:

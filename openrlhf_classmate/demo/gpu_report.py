@@ -1,6 +1,6 @@
 """The GPU demo's report: ``metrics.jsonl`` (one line per run and step: the launcher's rewards, lengths, timings and,
 where the build logs them, the train-inference mismatch ``mismatch/*``), ``curves.png``, ``summary.json`` and
-``summary.md`` with issue 25's acceptance checks, the wall time per stage and the launcher commands."""
+``summary.md`` with the demo's acceptance checks (docs/demo.md), the wall time per stage and the launcher commands."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def mismatch_summary(rows: list[dict]) -> dict:
 
 
 def checks(before: dict, after: dict, total_s: float, engine: str) -> list[tuple[str, str, bool | None]]:
-    """(check, measured, passed) of issue 25's acceptance (None: cannot be judged from this run)."""
+    """(check, measured, passed) of the demo's acceptance checks (docs/demo.md; None: cannot be judged from this
+    run)."""
     gdpo = after["classmate"]
     gain = gdpo["main_accuracy"] - before["main_accuracy"]
     out = [(f"held-out main accuracy up >= {100 * MAIN_GAIN:.0f} points (classmate GDPO vs warm start)",
@@ -75,7 +76,7 @@ def _markdown_extra(summary: dict) -> str:
              f"0..{G.SPEC.max_result}; byte-level BPE tokenizer trained at run time ({summary['models']['vocab']} "
              "tokens). Evaluation backends: "
              + ", ".join(f"{name} {backend}" for name, backend in summary["eval_backends"].items()) + ".", "",
-             "| acceptance check (issue 25) | measured | |", "|---|---|---|"]
+             "| acceptance check | measured | |", "|---|---|---|"]
     for name, measured, passed in summary["checks"]:
         lines.append(f"| {name} | {measured} | {'-' if passed is None else ('pass' if passed else 'FAIL')} |")
     lines += ["", *style_table(summary["eval"])]

@@ -204,7 +204,7 @@ def read_tensorboard(tb_dir: str) -> dict[str, dict[int, float]]:
     return out
 
 
-EXTRA_PREFIXES = ("mismatch/",)  # the train-inference mismatch (issue 25), recorded whole wherever it is logged
+EXTRA_PREFIXES = ("mismatch/",)  # the train-inference mismatch, recorded whole wherever it is logged
 EXTRA_KEYS = ("vllm_kl",)  # upstream's, with --algo.advantage.is_correction_level
 
 

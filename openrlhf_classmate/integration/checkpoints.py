@@ -9,7 +9,7 @@ checked file by file in milliseconds (no tensor is read): :func:`choose_resume_t
 complete and otherwise the newest older complete tag, naming the broken file.
 
 The files alone cannot show a lost file of the *highest* rank: a 2-rank tag without rank 1's files looks like a
-1-rank tag, so a resume took it and rank 1 died in ``torch.load`` (issue 43). ``ResilientDeepspeedStrategy.save_ckpt``
+1-rank tag, so a resume took it and rank 1 died in ``torch.load``. ``ResilientDeepspeedStrategy.save_ckpt``
 therefore writes a completeness marker, :data:`MARKER`, into the tag folder last, once every rank's files are on
 disk (:func:`mark_complete`): the data-parallel world size and every file with its size, so a file lost, cut short
 or replaced since is named. A save that dies leaves no marker; so that a missing marker means "not finished" and not

@@ -1,4 +1,4 @@
-"""``--logprobs.*``: token log-probs of the actor and reference forwards without the full logits (issue 27).
+"""``--logprobs.*``: token log-probs of the actor and reference forwards without the full logits.
 
 Upstream's ``Actor.forward`` (``openrlhf/models/actor.py``, 0.11.2) runs the causal LM, upcasts the whole
 ``[batch, seq, vocabulary]`` logits to float32, divides them by the rollout temperature and takes the log-softmax
@@ -17,7 +17,8 @@ mask). A call that wants the logits themselves (no ``action_mask``, no ``return_
 
 Not served: ring attention, DeepSpeed tensor parallelism (a vocabulary-split head), LoRA on ``lm_head``,
 vision-language models and models whose config rescales the logits after the head (soft-capping, logit scales).
-``auto`` (the default; on since the H100 runs of bench/GPU_RESULTS.md held issue 27's targets) falls back to
+``auto`` (the default; on since the H100 runs of bench/GPU_RESULTS.md held its targets: >= 1.10x tokens/s and
+<= 0.80x peak memory, for every loss) falls back to
 upstream's path for those with one note line, ``on`` refuses them at launch with one line, ``off`` is upstream's
 path. At run time a model that changes the head's output anyway is stopped with one line.
 """

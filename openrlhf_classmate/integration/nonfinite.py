@@ -1,4 +1,4 @@
-"""No non-finite value reaches the policy's optimizer (issue 23, item 6).
+"""No non-finite value reaches the policy's optimizer.
 
 DeepSpeed skips an update on its own only in some set-ups (fp16 loss scaling; ZeRO-1/2 bf16 with its grad-overflow
 check), never under ZeRO-3 bf16 or fp32, and says nothing. Here, for every optimizer update of the policy:

@@ -136,7 +136,7 @@ def install_actor_model(actor_cls: type) -> None:
         module.Actor = actor_cls
 
 
-# ── CPU runtime (no CUDA): the four runtime patches of the extension doc §4.2 ──
+# ── CPU runtime (no CUDA): upstream's CUDA-only calls (device, synchronize, device mesh, replay buffer device) ──
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The start-up breakdown of a run: where the time before the first step goes (issue 41).
+"""The start-up breakdown of a run: where the time before the first step goes.
 
 A run spends minutes before its first step (Ray, each engine group's start with its CUDA graphs, the actor/ref models'
 load and DeepSpeed set-up), and for a small model more than its first steps take. The launcher times its own phases

@@ -1,4 +1,4 @@
-"""Check, once per model load, that the weights in memory are the checkpoint's (issue 23, item 5).
+"""Check, once per model load, that the weights in memory are the checkpoint's.
 
 A ZeRO-3 load on DeepSpeed's CPU accelerator left uninitialised memory in parameters (a DeepSpeed gather defect:
 :func:`openrlhf_classmate.integration.strategy.safe_gathers` has the cause and the workaround): nothing failed, the reference model simply computed NaN or silently wrong log-probs. Since a loader defect of

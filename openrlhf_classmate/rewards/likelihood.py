@@ -4,7 +4,8 @@ baseline-perplexity precompute (``setup_data/vrcli_baseline_ppl.py``) and ``benc
 * :func:`generator_inputs` renders (system, user, assistant = gold chapter) with the model's chat template and
   returns the token ids and the index of the first scored token. The generation prompt and the assistant turn are
   tokenised separately and concatenated (as a generated response follows its prompt), so the scored span is found
-  from the rendered template, not by searching for EOS tokens (reward_methods.md §C.7), and every variant of a
+  from the rendered template, not by searching for EOS tokens (a search that assumes one template and unpadded
+  single sequences), and every variant of a
   datapoint's prompt (baseline, any plan) scores exactly the same tokens: the chapter plus its end-of-turn tokens.
 * :func:`gold_mean_nll` packs the sequences into micro-batches (longest first, at most ``micro_batch_size`` rows and
   ``max_tokens`` padded tokens each), right-pads them, marks the scored span as the "action" span and runs them through

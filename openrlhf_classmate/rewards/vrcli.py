@@ -1,4 +1,4 @@
-"""VR-CLI's completion-likelihood reward in the experience maker (reward_methods.md §C; issue 15).
+"""VR-CLI's completion-likelihood reward in the experience maker.
 
 The ``--vrcli.*`` flag group (:class:`VrcliConfig`; its launch checks are
 ``integration.reward_methods.validate_vrcli_args``, before Ray) and the group-level reward hook

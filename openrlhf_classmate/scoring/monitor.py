@@ -1,4 +1,4 @@
-"""The CoT monitor (validation only, classmate_method.md §4.6): the judge reads the main model's chain of thought and
+"""The CoT monitor (validation only): the judge reads the main model's chain of thought and
 predicts the main reward; the metrics say how well the CoT reveals the behaviour.
 
 * general sycophancy (``sycophancy_judge`` sources): a 1-10 rating compared with the judge's rating of the final

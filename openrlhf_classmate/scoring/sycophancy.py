@@ -1,4 +1,4 @@
-"""The LLM-judge sycophancy rating (classmate_method.md §4.5): prompt, output parser and batch scorer."""
+"""The LLM-judge sycophancy rating: prompt, output parser and batch scorer."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""TinyV: a rule-based math verdict, then an LLM verifier for its false negatives (reward_methods.md §A); the rubric
-grading variant (RRM, §A.11); and the ``grade`` data source that trains a rubric grader.
+"""TinyV: a rule-based math verdict, then an LLM verifier for its false negatives; the rubric
+grading variant (RRM); and the ``grade`` data source that trains a rubric grader.
 
 Scorer ``tinyv`` (data sources ``bigmath_tinyv``, ``bigmath_rl_tinyv``, ``HardVerify-Math`` and any name ending in
 ``_tinyv``). Per final answer, with P the rule verdict (math-verify, 1/0), V the verifier's (1/0, or the rubric score
 in [0, 1]) and w = ``--tinyv.weight``:
 
 P is a substitute: TinyV takes Prime Math's grader (MATH normalisation, a custom normalisation, sympy, then
-``math_equal``) on the trimmed answer. reward_methods.md §A.3 names those stages but not their rules, so a port could
+``math_equal``) on the trimmed answer. TinyV's description names those stages but not their rules, so a port could
 not be checked against Prime's verdicts; math-verify (the registry's MATH scorer, last box of the final answer) decides
 instead. Where the two graders disagree, addon asks the verifier on different answers than TinyV would, and mixed's
 ``(1 - w) * P`` term differs.
@@ -75,7 +75,7 @@ GRADE_METRICS = ("grade/parse_failed",)
 
 @dataclass
 class TinyVConfig:
-    """TinyV LLM verifier of the _tinyv data sources (reward_methods.md §A)"""
+    """TinyV LLM verifier of the _tinyv data sources"""
 
     base_url: str | None = field(
         default=None,

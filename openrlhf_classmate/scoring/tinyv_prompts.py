@@ -1,5 +1,5 @@
 """TinyV's verifier prompts, its answer extraction and output parsers, and the per-model settings
-(reward_methods.md §A.3, §A.4, §A.11).
+(TinyV's verifier and its RRM rubric variant).
 
 The templates are reproduced exactly, because the published verifier checkpoints were trained on them; they are
 filled by plain string replacement of ``{{QUESTION}}``, ``{{GROUND_TRUTH_ANSWER}}`` / ``{{CRITERIA}}`` and
@@ -98,7 +98,7 @@ _LAST_MARKERS = ("be ", "is ", "are ", "=", ": ", "get ", "be\n", "is\n", "are\n
 
 
 def extract_answer(text: str) -> str:
-    """The answer TinyV shows its verifier (Prime Math's trimming, §A.3), from a final answer text:
+    """The answer TinyV shows its verifier (Prime Math's trimming), from a final answer text:
 
     1. after the last ``answer:`` / ``answer is`` / ``answers are`` (case-insensitive, each marker in turn);
     2. before the last ``is answer`` / ``is the answer`` / ``are answers`` / ``are the answers``;

@@ -1,6 +1,7 @@
 """CPU import shims for ``flash_attn`` and ``vllm``.
 
-OpenRLHF 0.11.2 imports both packages at module level on the PPO path (extension doc §4.1), but neither installs
+OpenRLHF 0.11.2 imports both packages at module level on the PPO path (``openrlhf.models`` imports ``flash_attn``,
+``openrlhf.trainer.ray`` imports ``vllm``), but neither installs
 on a machine without CUDA. :func:`install` appends a directory holding a minimal stand-in to ``sys.path`` for each
 package that cannot be found, so that every ``openrlhf.*`` module imports. Because the directories are appended
 (never prepended) and only for packages that ``importlib`` cannot find, a real install always wins.

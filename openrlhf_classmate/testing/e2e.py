@@ -127,7 +127,7 @@ def max_weight_change(before: dict, after: dict) -> float:
 
 
 def build_bpe_world(root: str, num_prompts: int = 16, seed: int = 0, warm_steps: int = 120) -> dict[str, str]:
-    """The end-to-end world over real-style tokenizers (issue 17): a Qwen3-like policy (byte-level BPE, ChatML,
+    """The end-to-end world over real-style tokenizers: a Qwen3-like policy (byte-level BPE, ChatML,
     stops on ``<|im_end|>`` and ``<|endoftext|>``) and a SentencePiece-style classmate (another vocabulary: the CoT
     is re-tokenised), both tiny. The policy is warm-started for a few seconds on responses
     ``<think>a + b = c</think>\\n\\nc<|im_end|>`` of which a quarter write ``</think>`` as ordinary pieces and a

@@ -1,7 +1,7 @@
 """Running the end-to-end subprocesses of the tests (launcher, demo, benchmarks) under a progress watchdog.
 
 A fixed time limit fails a healthy run on a loaded machine (every stage slows down with the load: the demo fixture's
-1200 s limit did, issue 30). A run is therefore killed when it stops making progress: when its output has not grown
+fixed 1200 s limit did). A run is therefore killed when it stops making progress: when its output has not grown
 for ``quiet`` seconds (a hung collective, a deadlocked actor); the hard ``timeout`` is a backstop far above any
 normal duration. Everything the run prints goes to a log file, which is also what the watchdog watches."""
 

@@ -1,5 +1,6 @@
 """Multi-rank ZeRO-3 scenarios on DeepSpeed's CPU accelerator, run by :func:`gloo_ranks.run_ranks` (one process per
-rank): DeepSpeed's gather defect of issue 23 item 5, and the reference actor's load with its weight check."""
+rank): DeepSpeed's gather defect (uninitialised memory in gathered
+parameters: ``integration.strategy.safe_gathers``), and the reference actor's load with its weight check."""
 
 from __future__ import annotations
 
