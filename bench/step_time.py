@@ -33,33 +33,17 @@ token`` (upstream's own log-prob request, with ``--mismatch off``). The three va
 JSON files (``step_time_<N>gpu[_mismatch-off][_is-token].json``), so the generation row can be compared across them;
 the per-step ``mismatch/*`` values are in each run's ``per_step``.
 
-Metric syncs (issue 26): ``--per-key-syncs`` (``always``) sets ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` for the
-launcher, which restores upstream's per-metric ``.item()`` and per-key ``all_reduce`` in the actor update (about three
-host syncs per metric and micro-batch; ``integration/strategy.py``), the "before" of the one-transfer path the launcher
-uses by default. Its work folders and JSON file carry ``_per-key-syncs``; compare the ``actor update`` row with a run
-without it. ``--interleave --per-key-syncs alternate`` measures both in one run: the actor takes upstream's path on
-steps 3-4, 7-8, ... (each kind alternates between the paths) and reports which it took (``bench/per_key_syncs``); the
-steady steps split into four groups (GDPO / GRPO x batched / per-key, the first step of each is warm-up), with the
-GDPO / GRPO ratio of each path and, per kind, the per-key minus batched ``actor update`` and ``step total`` (of the
-medians, and of each per-key step against the batched step of its kind just before it). Files carry
-``_per-key-alternate``.
-
-Changes to the classmate stage (issue 26), measured the same way: ``--interleave --before dispatch`` (with
-``--placement share``, where the classmate requests go out per prompt group) sends them after the whole batch on
-steps 3-4, 7-8, ... (the path before the change); ``--before seeds`` gives every classmate request a seed of its own
-on those steps (``--classmate.seed_requests``, the path before the change). The launcher reports the path of each
-step (``bench/before``); the steps split into four groups as above, with the before minus after ``step total``,
-``make experience`` and ``generation`` per kind (GRPO steps take no classmate path, so their two groups are a
-control: their difference is the run's noise). Files carry ``_before-dispatch`` / ``_before-seeds``.
-
-Several changes in one run: ``--interleave --runs gdpo --before dispatch,seeds,syncs`` times classmate GDPO steps
-only, cycling through the launcher's own path and each change's before path (``syncs``: upstream's per-key metric
-syncs, as ``--per-key-syncs``): step 1 after, 2 dispatch, 3 seeds, 4 syncs, 5 after, ... The first step of each path
-is warm-up; each change gets its before minus after rows (:data:`CHANGE_ROWS`) of the medians and of each before step
-against the after step that opened its cycle, and counts with at least ``MIN_STEADY`` steady steps on both sides.
-So one ~36-step run (9 steps per path) measures all three changes as before/after pairs in one device call, where a
-run per change under the GDPO / GRPO alternation needed ~36 steps each. The GDPO / GRPO ratio is not measured there
-(no GRPO steps). Files carry ``_gdpo-only`` and ``_before-dispatch-seeds-syncs``.
+Before/after pairs: ``--interleave --before CHANGE[,CHANGE...]`` has the launcher's steps take the path
+from before a change (``OPENRLHF_CLASSMATE_BENCH_BEFORE``, ``integration/bench_switches.py``), so that one run
+measures each change as a before/after pair under the same engines, weights and machine drift. The steps cycle
+through the launcher's own path and each change's before path in blocks (one step with ``--runs gdpo``, a GDPO and
+a GRPO step under the alternation): with ``--runs gdpo`` and three changes, step 1 after, 2-4 the changes' before
+paths, 5 after, ... The launcher logs each step's path (``bench/before``); the first step of each path is warm-up;
+each change gets its before minus after rows (:data:`PAIR_ROWS`) of the medians and of each before step against the
+after step that opened its cycle, and counts with at least ``MIN_STEADY`` steady steps on both sides. Files carry
+``_before-<changes>`` (and ``_gdpo-only``). The recorded pairs (``dispatch``, ``seeds``, ``syncs``) are recorded in
+``bench/GPU_RESULTS.md`` (``bench/gpu_results/wave9``) and their before paths removed: no change has one today, and
+``bench_switches.BEFORE_CHANGES`` says how a new pair plugs in.
 
 ``--tiny --engine hf`` runs the same script path on CPU with tiny models (the check of this script, no timing value).
 """
@@ -81,7 +65,6 @@ import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
 from openrlhf_classmate.integration.bench_switches import ALTERNATE_ENV, parse_changes  # noqa: E402
 from openrlhf_classmate.integration.bench_switches import BEFORE_ENV as BENCH_BEFORE_ENV  # noqa: E402
-from openrlhf_classmate.integration.strategy import PER_KEY_SYNCS_ENV  # noqa: E402
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
 from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
 
@@ -122,7 +105,6 @@ LEVELS = ["mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mi
 def variant(a) -> str:
     """The suffix of this variant's work folders and JSON file (empty for the launcher's defaults)."""
     return (("" if a.mismatch == "on" else "_mismatch-off") + ("" if a.is_correction == "off" else "_is-token")
-            + {"off": "", "always": "_per-key-syncs", "alternate": "_per-key-alternate"}[a.per_key_syncs]
             + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}")
             + ("_seeded" if getattr(a, "seed_requests", False) else "")
             + ("_gdpo-only" if gdpo_only(a) else "")
@@ -143,8 +125,6 @@ def before_list(a) -> tuple[str, ...]:
 def launcher_env(a, interleave: bool) -> dict[str, str]:
     """The benchmark switches the launcher's processes read from the environment (never set in a training run)."""
     env = {ALTERNATE_ENV: "1"} if interleave and not gdpo_only(a) else {}
-    if a.per_key_syncs != "off":
-        env[PER_KEY_SYNCS_ENV] = "1" if a.per_key_syncs == "always" else "alternate"
     if getattr(a, "before", None):
         env[BENCH_BEFORE_ENV] = a.before
     return env
@@ -274,18 +254,10 @@ def launcher_step_scalars(log: str) -> dict[str, dict[int, float]]:
     return out
 
 
-# the rows whose per-key minus batched difference an alternating run reports
-BEFORE_AFTER = ["timing/ppo_train", "actor_timing/fit", "actor_timing/micro_steps", "timing/step_total"]
-# the same for --before (a change of the classmate stage: it shows in the experience making and, sent per prompt
-# group, in the generation)
-BEFORE_AFTER_STAGE = ["timing/generation", "timing/make_experience", "timing/step_total"]
-# the rows of each change of --before in a multi-change run: the classmate stage's changes show in its own generation
-# and critical path too (beside the policy engine, --placement share, its generation is mostly off the critical path)
-STAGE_PAIR_ROWS = BEFORE_AFTER_STAGE + ["classmate/generation_time", "classmate/wait_time"]
-CHANGE_ROWS = {"dispatch": STAGE_PAIR_ROWS, "seeds": STAGE_PAIR_ROWS, "syncs": BEFORE_AFTER}
-# (the launcher's per-step path flag, the key of the steps with flag 1 in the split, the rows compared)
-ALTERNATIONS = (("train/bench/per_key_syncs", "per_key", BEFORE_AFTER),
-                ("train/bench/before", "before", BEFORE_AFTER_STAGE))
+# the rows of each change's before minus after difference: a change shows in the rollout, the experience making
+# (the classmate stage's generation and critical path) or the actor update, and in the step total
+PAIR_ROWS = ["timing/generation", "timing/make_experience", "classmate/generation_time", "classmate/wait_time",
+             "timing/ppo_train", "timing/step_total"]
 
 
 def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1, changes: tuple[str, ...] = (),
@@ -297,29 +269,11 @@ def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1, chan
     spread}}}`` plus ``paired``: the ratio of each steady GDPO step to the GRPO step right after it (same weights
     and machine state give or take one step), as a spread, and ``ratio``, that of the medians.
 
-    A run under ``--per-key-syncs alternate`` logs each step's metric-sync path (``bench/per_key_syncs``: 1 =
-    upstream's per-key, 0 = batched). Its steps split into four groups, each with its own warm-up; the keys above
-    are then those of the batched steps (the launcher's own path, comparable with runs without the switch),
-    ``per_key`` holds the same keys for the per-key steps, and ``before_after`` per kind and :data:`BEFORE_AFTER`
-    tag the per-key minus batched seconds (:func:`before_after`). A run under ``--before`` (``bench/before``: 1 =
-    the classmate stage's path before the change) splits the same way, with ``before`` for the before steps and
-    the rows of :data:`BEFORE_AFTER_STAGE`.
-
-    Several ``changes`` (or one in a GDPO-only run, ``block`` 1) split by ``bench/before``, the path index: see
-    :func:`split_paths`. ``block``: steps per path block (2 under the GDPO / GRPO alternation, 1 without)."""
-    if len(changes) > 1 or (changes and block == 1):
+    A run under ``--before`` (``changes``) splits by ``bench/before``, the path index: see :func:`split_paths`.
+    ``block``: steps per path block (2 under the GDPO / GRPO alternation, 1 without)."""
+    if changes:
         return split_paths(tb, changes, block, skip_first)
-    alternation = next(((key, tags, tb[flag]) for flag, key, tags in ALTERNATIONS if tb.get(flag)), None)
-    if alternation is None:
-        return _split_kinds(tb, None, skip_first)
-    key, tags, paths = alternation
-    out = _split_kinds(tb, {s for s, v in paths.items() if round(v) == 0}, skip_first)
-    out[key] = _split_kinds(tb, {s for s, v in paths.items() if round(v) == 1}, skip_first)
-    out["before_after"] = {kind: {tag: before_after(out[kind]["per_step"].get(tag, {}),
-                                                    out[key][kind]["per_step"].get(tag, {}), gap=block)
-                                  for tag in tags}
-                           for kind in ("gdpo", "grpo")}
-    return out
+    return _split_kinds(tb, None, skip_first)
 
 
 def split_paths(tb: dict[str, dict[int, float]], changes: tuple[str, ...], block: int, skip_first: int = 1) -> dict:
@@ -328,7 +282,7 @@ def split_paths(tb: dict[str, dict[int, float]], changes: tuple[str, ...], block
 
     The keys of :func:`_split_kinds` are those of the own path's steps (the "after" of every change); ``changes``
     lists the changes, ``paths`` holds the same split for each change's before steps (each path's first step of each
-    kind is warm-up), ``before_after`` per change, kind and :data:`CHANGE_ROWS` tag the before minus after seconds,
+    kind is warm-up), ``before_after`` per change, kind and :data:`PAIR_ROWS` tag the before minus after seconds,
     each before step paired with the after step that opened its cycle (``index * block`` steps earlier), and
     ``counts`` per change whether both sides have at least :data:`MIN_STEADY` steady steps of each kind that ran."""
     index = tb.get("train/bench/before", {})
@@ -341,26 +295,25 @@ def split_paths(tb: dict[str, dict[int, float]], changes: tuple[str, ...], block
         out["before_after"][change] = {
             kind: {tag: before_after(out[kind]["per_step"].get(tag, {}), path[kind]["per_step"].get(tag, {}),
                                      gap=i * block)
-                   for tag in CHANGE_ROWS[change]}
+                   for tag in PAIR_ROWS}
             for kind in kinds}
         out["counts"][change] = bool(kinds) and all(
             min(len(out[kind]["steps"]), len(path[kind]["steps"])) >= MIN_STEADY for kind in kinds)
     return out
 
 
-def before_after(batched: dict[int, float], per_key: dict[int, float], gap: int = 2) -> dict:
-    """Before (per-key) minus after (batched) seconds of one kind and tag: ``median_diff`` (of the medians) and
-    ``pairs``, each steady before step ``s`` against the after step of its kind ``gap`` steps earlier (2 under the
-    GDPO / GRPO alternation: step 7 vs 5, 8 vs 6; a pair with a warm-up step is left out), with their ``paired``
-    spread."""
+def before_after(after: dict[int, float], before: dict[int, float], gap: int = 2) -> dict:
+    """Before minus after seconds of one kind and tag: ``median_diff`` (of the medians) and ``pairs``, each steady
+    before step ``s`` against the after step of its kind ``gap`` steps earlier (2 under the GDPO / GRPO alternation:
+    step 7 vs 5, 8 vs 6; a pair with a warm-up step is left out), with their ``paired`` spread."""
     def median(values: dict[int, float]) -> float | None:
         finite = [v for v in values.values() if v == v]
         return round(statistics.median(finite), 3) if finite else None
 
-    b, p = median(batched), median(per_key)
-    pairs = {s: round(v - batched[s - gap], 3) for s, v in sorted(per_key.items())
-             if s - gap in batched and v == v and batched[s - gap] == batched[s - gap]}
-    return {"batched": b, "per_key": p, "median_diff": round(p - b, 3) if b is not None and p is not None else None,
+    a, b = median(after), median(before)
+    pairs = {s: round(v - after[s - gap], 3) for s, v in sorted(before.items())
+             if s - gap in after and v == v and after[s - gap] == after[s - gap]}
+    return {"after": a, "before": b, "median_diff": round(b - a, 3) if a is not None and b is not None else None,
             "pairs": pairs, "paired": spread(list(pairs.values()))}
 
 
@@ -522,7 +475,7 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
 # the settings two interleaved calls must share to be counted together (a ratio of another card, batch, layout or
 # request path is another figure)
 CALL_SETTINGS = ("device", "batch", "models", "gpus", "engine", "placement", "mismatch", "is_correction",
-                 "per_key_syncs", "before", "gdpo_only", "dispatch", "seed_requests")
+                 "before", "gdpo_only", "dispatch", "seed_requests")
 # the value of a setting a JSON written before the setting existed holds
 SETTING_DEFAULTS = {"gdpo_only": False}
 
@@ -570,15 +523,7 @@ def print_interleaved(result: dict) -> None:
     row = result["calls"][-1]
     if "changes" in row:
         return print_paths(result, row)
-    # the alternation of this run, if any: (key of its second group, title of the first path, of the second)
-    alternate = (("per_key", "batched", "per-key") if "per_key" in row
-                 else ("before", "after", "before") if "before" in row else None)
-    # (column title, the group's split): two kinds, or under an alternation two kinds x two paths
     columns = [("GRPO", row.get("grpo")), ("GDPO", row.get("gdpo"))]
-    if alternate:
-        key, first, second = alternate
-        columns = [(f"GRPO {first}", row["grpo"]), (f"GRPO {second}", row[key]["grpo"]),
-                   (f"GDPO {first}", row["gdpo"]), (f"GDPO {second}", row[key]["gdpo"])]
     _table_head("interleaved step time", result, row, columns)
     if "gdpo" not in row:
         return
@@ -593,23 +538,7 @@ def print_interleaved(result: dict) -> None:
         print(f"{title} = {part['ratio']} (ratio of medians; paired GDPO step / next GRPO step: median "
               f"{paired.get('median')} [{paired.get('min')}, {paired.get('max')}]) {judged}")
 
-    if not alternate:
-        ratio_line("GDPO / GRPO", row)
-    else:
-        key, first, second = alternate
-        ratio_line(f"GDPO / GRPO, {first} steps", row)
-        ratio_line(f"GDPO / GRPO, {second} steps", row[key])
-
-        for label, tag in ROWS:
-            if tag in row["before_after"]["gdpo"] and any(row["before_after"][kind][tag]["batched"] is not None
-                                                          for kind in ("gdpo", "grpo")):
-                parts = []
-                for kind in ("gdpo", "grpo"):
-                    ba = row["before_after"][kind][tag]
-                    pairs = ba["paired"] or {}
-                    parts.append(f"{kind.upper()} {_diff(ba['median_diff'])} (pairs {_diff(pairs.get('median'))} "
-                                 f"[{_diff(pairs.get('min'))}, {_diff(pairs.get('max'))}])")
-                print(f"{second} - {first}, {label}: " + ", ".join(parts))
+    ratio_line("GDPO / GRPO", row)
     if len(result.get("calls", [])) >= 2:
         print(f"ratios of the calls so far: {result['all_ratios']} (steady steps of each kind: "
               f"{result['steady_steps']}); of the calls with at least {MIN_STEADY}: {result['ratios']}"
@@ -658,11 +587,11 @@ def print_paths(result: dict, row: dict) -> None:
         least = min(min(len(row[kind]["steps"]), len(row["paths"][change][kind]["steps"])) for kind in kinds)
         print(f"{change}: before - after ({least} steady steps on the smaller side; "
               + ("counts)" if row["counts"][change] else f"too few to count, at least {MIN_STEADY})"))
-        for tag in CHANGE_ROWS[change]:
+        for tag in PAIR_ROWS:
             parts = []
             for kind in kinds:
                 ba = row["before_after"][change][kind][tag]
-                if ba["batched"] is None:
+                if ba["after"] is None:
                     continue
                 pairs = ba["paired"] or {}
                 parts.append(f"{kind.upper()} {_diff(ba['median_diff'])} (pairs {_diff(pairs.get('median'))} "
@@ -671,6 +600,8 @@ def print_paths(result: dict, row: dict) -> None:
                 print(f"  {labels[tag]}: " + ", ".join(parts))
     if "grpo" not in kinds:
         print("GDPO steps only: no GDPO / GRPO ratio in this run (its figures are the pairs above)")
+    elif "gdpo" in kinds:
+        print(f"GDPO / GRPO, after steps = {row['ratio']} (ratio of medians)")
 
 
 def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
@@ -693,11 +624,6 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
                         "off: --engine.no_mismatch_metrics (upstream's request)")
     p.add_argument("--is-correction", choices=("off", "token"), default="off",
                    help="token: upstream's --algo.advantage.is_correction_level token (its own log-prob request)")
-    p.add_argument("--per-key-syncs", nargs="?", const="always", default="off", choices=("off", "always", "alternate"),
-                   help=f"always (the bare flag): {PER_KEY_SYNCS_ENV}=1 for the launcher, upstream's per-metric .item() "
-                        "and per-key all_reduce in the actor update (the before of issue 26's one-transfer metrics); "
-                        "alternate (with --interleave): upstream's path on steps 3-4, 7-8, ... only, the report split "
-                        "into batched / per-key steps with the before/after of the actor update and step total")
     p.add_argument("--tiny", action="store_true", help="tiny models (CPU check of the script path)")
     p.add_argument("--models", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time_models"))
     p.add_argument("--work", default=os.path.join(os.environ.get("WORK", "/tmp"), "step_time"))
@@ -717,11 +643,9 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--classmate.dispatch (auto: per prompt group where the classmate engines stay awake, i.e. "
                         "--placement share)")
     p.add_argument("--before", default=None, metavar="CHANGE[,CHANGE...]",
-                   help=f"with --interleave: steps take the path from before a change ({BENCH_BEFORE_ENV}): "
-                        "dispatch (classmate requests sent after the batch; needs --placement share), seeds (a seed "
-                        "per classmate request), syncs (upstream's per-key metric syncs in the actor update). One "
-                        "change: steps 3-4, 7-8, ... (one step in two with --runs gdpo); several: the steps cycle "
-                        "through after and each change's before path (use --runs gdpo: one run, one call)")
+                   help=f"with --interleave: steps take the path from before a change ({BENCH_BEFORE_ENV}; the changes "
+                        "whose before path the code holds: bench_switches.BEFORE_CHANGES). The steps cycle through "
+                        "after and each change's before path (--runs gdpo: one step per block)")
     p.add_argument("--seed-requests", action="store_true",
                    help="--classmate.seed_requests: a seed per classmate request (vLLM's per-request sampling loop; "
                         "the launcher's default is off)")
@@ -731,21 +655,11 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
     a = p.parse_args(argv)
     try:
-        changes = before_list(a)
+        before_list(a)
     except ValueError as e:
         p.error(f"--before {a.before}: {e}")
     if a.before and not a.interleave:
         p.error("--before needs --interleave: it compares the steps of one run")
-    if a.before and a.per_key_syncs == "alternate":
-        p.error("--before and --per-key-syncs alternate both split the steps: measure one change per run (or list "
-                "syncs in --before)")
-    if "syncs" in changes and a.per_key_syncs != "off":
-        p.error("--before syncs switches the metric syncs itself: drop --per-key-syncs")
-    if "dispatch" in changes and (a.placement or ("colocate" if a.gpus == 1 else "share")) != "share":
-        p.error("--before dispatch needs --placement share: with the classmate engines asleep during the rollout "
-                "(colocate) the requests always go out after the batch")
-    if "seeds" in changes and a.seed_requests:
-        p.error("--before seeds alternates the request seeds itself: drop --seed-requests")
     if a.interleave and set(a.runs.split(",")) not in ({"grpo", "gdpo"}, {"gdpo"}):
         p.error(f"--runs {a.runs} with --interleave: grpo,gdpo (steps alternate the kinds) or gdpo (GDPO steps only, "
                 "with --before)")
@@ -755,9 +669,6 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--previous needs --interleave: it counts earlier interleaved calls with this one")
     if a.previous and not os.path.isfile(a.previous):
         p.error(f"--previous {a.previous}: no such file")
-    if a.per_key_syncs == "alternate" and not a.interleave:
-        p.error("--per-key-syncs alternate needs --interleave: it compares the steps of one run (use --per-key-syncs "
-                "for a separate run with upstream's path on every step)")
     return a
 
 
@@ -783,7 +694,7 @@ def main() -> None:
         "batch": f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, classmate "
                  f"{a.classmate_new_tokens} new tokens",
         "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction,
-        "per_key_syncs": a.per_key_syncs, "before": a.before, "gdpo_only": gdpo_only(a), "dispatch": a.dispatch,
+        "before": a.before, "gdpo_only": gdpo_only(a), "dispatch": a.dispatch,
         "seed_requests": a.seed_requests, "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)

@@ -524,3 +524,38 @@ def test_finite_rewards_whose_statistics_overflow_are_an_error_where_they_appear
 def test_whitening_without_a_scored_token_gives_zeros():
     x = torch.tensor([[0.5, -0.5, 0.25]])
     assert torch.equal(whiten_tokens(x, torch.zeros(1, 3, dtype=torch.bool), mode="mean_std"), torch.zeros(1, 3))
+
+
+def test_upstreams_estimators_over_valid_main_scores_only():
+    # plain runs (ClassmateExperienceMaker._mask_invalid_main): an invalid main score leaves every statistic and gets
+    # exactly 0; the experience maker's tests check the same against upstream's own tensors
+    from openrlhf_classmate.algo.advantages import main_advantages_over_valid
+    from openrlhf_classmate.errors import TrainingStopped
+
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.25], dtype=torch.float64)
+    group = torch.arange(8) // 4
+    valid = torch.tensor([True, False, True, True, True, True, False, True])
+    mask = torch.ones(8, 3, dtype=torch.bool)
+    out = main_advantages_over_valid("group_norm", rewards, group, main_valid=valid, response_mask=mask,
+                                     baseline="group_norm", eps=1e-9)
+    for g in (0, 1):
+        members = [i for i in range(4 * g, 4 * g + 4) if valid[i]]
+        kept = rewards[members]
+        for i in members:
+            assert out["main_scalar"][i].item() == pytest.approx(((rewards[i] - kept.mean()) / (kept.std() + 1e-9))
+                                                                 .item(), abs=1e-9)
+    assert torch.all(out["advantages"][~valid] == 0) and torch.all(out["main_scalar"][~valid] == 0)
+    # flash_reinforce: one batch-wide group, the mean of the valid rewards as baseline
+    flash = main_advantages_over_valid("flash_reinforce", rewards, group, main_valid=valid, response_mask=mask,
+                                       baseline="flash_reinforce")
+    expected = torch.where(valid, rewards - rewards[valid].mean(), 0.0)
+    torch.testing.assert_close(flash["main_scalar"], expected.to(flash["main_scalar"].dtype))
+    # reinforce: no baseline, upstream's returns whitened over the valid rows' tokens
+    returns = torch.arange(8.0).view(4, 2)
+    token_ok = torch.tensor([[True, True], [False, False], [True, False], [True, True]])
+    whitened = main_advantages_over_valid("reinforce", None, None, main_valid=valid, returns=returns,
+                                          returns_mask=token_ok)
+    assert whitened["main_scalar"] is None
+    torch.testing.assert_close(whitened["advantages"], whiten_tokens(returns, token_ok, mode="mean_std"))
+    with pytest.raises(TrainingStopped, match="reached --algo.advantage.estimator gae"):
+        main_advantages_over_valid("gae", rewards, group, main_valid=valid, response_mask=mask)

@@ -801,12 +801,12 @@ def test_the_next_batch_is_a_classmate_step_as_the_bench_alternation_says(world,
     maker, _ = _maker(_args(world), world.tok, fake_ray)
     seen = []
     for _ in range(4):
-        seen.append(maker.bench_plan(maker._batches_made + 1)[0])
+        seen.append(maker.next_batch_dispatches_per_group())
         experiences = maker.make_experience_batch(_rollout(world.tok))
         assert ("classmate/reward" in experiences[0].info) == seen[-1]
     assert seen == [True, False, True, False]
     plain, _ = _maker(_args(world), world.tok, fake_ray, classmate=False)
-    assert not plain.bench_plan(1)[0]
+    assert not plain.classmate_step(1) and not plain.next_batch_dispatches_per_group()
 
 
 def test_seed_requests_gives_every_classmate_request_a_seed_of_its_own_from_the_train_seed(world, fake_ray):
@@ -822,53 +822,43 @@ def test_seed_requests_gives_every_classmate_request_a_seed_of_its_own_from_the_
     assert engine.seeds != seeds[0]
 
 
-def test_the_bench_before_switch_takes_the_old_path_on_every_second_block(world, fake_ray, monkeypatch):
-    # bench/step_time.py --before seeds|dispatch: one run measures a change of issue 26 as a before/after pair; a
-    # block is one step (GDPO steps only) or two (the GDPO / GRPO alternation)
-    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "seeds")
-    maker, engine = _maker(_args(world), world.tok, fake_ray)
-    seeded, before = [], []
-    for _ in range(6):
-        engine.seeds.clear()
-        experiences = maker.make_experience_batch(_rollout(world.tok))
-        seeded.append(all(isinstance(s, int) for s in engine.seeds) and len(set(engine.seeds)) == 12)
-        assert seeded[-1] or engine.seeds == [None] * 12
-        before.append(float(experiences[0].info["bench/before"][0]))
-    assert seeded == [False, True, False, True, False, True] and before == [0, 1, 0, 1, 0, 1]
-    assert [float(e.info["bench/classmate_step"][0]) for e in experiences] == [1.0] * len(experiences)
+def test_the_bench_before_switch_logs_each_batchs_path(world, fake_ray, monkeypatch):
+    # bench/step_time.py --before: the mechanism a new before/after pair plugs into (bench_switches; no change has a
+    # before path today, so the test registers two): each rollout batch logs its path index, one step per block in a
+    # GDPO-only run, two under the GDPO / GRPO alternation; every batch stays a classmate step without it
+    from openrlhf_classmate.integration import bench_switches
 
-    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch")
+    monkeypatch.setattr(bench_switches, "BEFORE_CHANGES", ("first", "second"))
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "first,second")
+    maker, _ = _maker(_args(world), world.tok, fake_ray)
+    index, paths = [], []
+    for batch in range(1, 7):
+        paths.append(bench_switches.before_path(batch))
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        index.append(float(experiences[0].info["bench/before"][0]))
+        info = experiences[0].info
+        assert float(info["bench/classmate_step"][0]) == 1.0 and "classmate/reward" in info
+    assert index == [0, 1, 2] * 2 and paths == [None, "first", "second"] * 2
+
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "second")
     monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_ALTERNATE", "1")  # odd batches GDPO, even GRPO
-    maker, engine = _maker(_args(world), world.tok, fake_ray)
+    maker, _ = _maker(_args(world), world.tok, fake_ray)
     plan = []
     for _ in range(8):
-        plan.append((maker.bench_plan(maker._batches_made + 1)[0], maker.next_batch_dispatches_per_group()))
-        maker.make_experience_batch(_rollout(world.tok))
-    assert engine.seeds == [None] * 12 * 4  # four GDPO batches, never seeded
-    assert plan == [(True, True), (False, False), (True, False), (False, False)] * 2
+        experiences = maker.make_experience_batch(_rollout(world.tok))
+        info = experiences[0].info
+        plan.append((float(info["bench/classmate_step"][0]), float(info["bench/before"][0])))
+    assert plan == [(1.0, 0.0), (0.0, 0.0), (1.0, 1.0), (0.0, 1.0)] * 2
 
-    for value in ("prefix", "seeds,seeds", "seeds,"):
+    for value in ("prefix", "first,first", "first,"):
         monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", value)
         with pytest.raises(ValueError, match=f"OPENRLHF_CLASSMATE_BENCH_BEFORE={value}: a comma-separated list of "
-                                             "dispatch, seeds, syncs, each at most once"):
+                                             "first, second, each at most once"):
             _maker(_args(world), world.tok, fake_ray)
-
-
-def test_the_bench_before_switch_cycles_through_several_changes(world, fake_ray, monkeypatch):
-    # --before dispatch,seeds,syncs in a GDPO-only run: after, dispatch, seeds, syncs, after, ...: each change's
-    # before path once per cycle, the others on the launcher's own path (syncs is the actor's: no classmate change)
-    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch,seeds,syncs")
-    maker, engine = _maker(_args(world), world.tok, fake_ray)
-    per_group, seeded, index = [], [], []
-    for _ in range(8):
-        per_group.append(maker.next_batch_dispatches_per_group())
-        engine.seeds.clear()
-        experiences = maker.make_experience_batch(_rollout(world.tok))
-        seeded.append(engine.seeds != [None] * 12)
-        index.append(float(experiences[0].info["bench/before"][0]))
-        assert "classmate/reward" in experiences[0].info
-    assert index == [0, 1, 2, 3] * 2
-    assert per_group == [True, False, True, True] * 2 and seeded == [False, False, True, False] * 2
+    monkeypatch.setattr(bench_switches, "BEFORE_CHANGES", ())  # today's registry: any change is refused
+    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch")
+    with pytest.raises(ValueError, match="no change"):
+        _maker(_args(world), world.tok, fake_ray)
 
 
 def _nan_rollout(tok, bad: dict[int, float]):

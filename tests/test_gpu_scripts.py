@@ -16,7 +16,6 @@ import pytest
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.testing.e2e import build_world
 
-PER_KEY = "OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -113,23 +112,16 @@ def test_step_time_runs_parse(gpus, classmate):
 
 
 def test_step_time_mismatch_variants_parse_and_keep_apart():
-    # the GPU before/after pairs of issue 25: metrics on (default), off (upstream's request), upstream's IS request;
-    # of issue 26: upstream's per-key metric syncs (an environment switch, the launcher's flags unchanged)
+    # the GPU before/after pairs of the mismatch metrics: on (default), off (upstream's request), upstream's IS request
     step_time = _bench("step_time")
     seen = {}
-    for mismatch, is_correction, per_key in (("on", "off", "off"), ("off", "off", "off"), ("off", "token", "off"),
-                                             ("on", "off", "always"), ("on", "off", "alternate")):
+    for mismatch, is_correction in (("on", "off"), ("off", "off"), ("off", "token")):
         a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
                             train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=1, mismatch=mismatch,
-                            is_correction=is_correction, per_key_syncs=per_key)
-        argv = step_time.launcher_argv(a, "policy", None, "d.jsonl", "/tmp/x")
-        args = parse_args(argv)
+                            is_correction=is_correction)
+        args = parse_args(step_time.launcher_argv(a, "policy", None, "d.jsonl", "/tmp/x"))
         seen[step_time.variant(a)] = (args.engine.no_mismatch_metrics, args.algo.advantage.is_correction_level)
-        if per_key != "off":
-            assert argv == step_time.launcher_argv(SimpleNamespace(**{**vars(a), "per_key_syncs": "off"}),
-                                                   "policy", None, "d.jsonl", "/tmp/x")
-    assert seen == {"": (False, "off"), "_mismatch-off": (True, "off"), "_mismatch-off_is-token": (True, "token"),
-                    "_per-key-syncs": (False, "off"), "_per-key-alternate": (False, "off")}
+    assert seen == {"": (False, "off"), "_mismatch-off": (True, "off"), "_mismatch-off_is-token": (True, "token")}
 
 
 @pytest.mark.parametrize("placement, dispatch, per_group", [
@@ -142,7 +134,7 @@ def test_step_time_dispatch_variants(placement, dispatch, per_group):
     step_time = _bench("step_time")
     a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
                         train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=1, mismatch="on",
-                        is_correction="off", per_key_syncs="off", placement=placement, dispatch=dispatch)
+                        is_correction="off", placement=placement, dispatch=dispatch)
     args = parse_args(step_time.launcher_argv(a, "policy", "classmate", "d.jsonl", "/tmp/x"))
     assert args.classmate.placement == placement and args.classmate.dispatch == dispatch
     assert dispatch_per_group(args) is per_group
@@ -151,24 +143,6 @@ def test_step_time_dispatch_variants(placement, dispatch, per_group):
     seeded = SimpleNamespace(**{**vars(a), "seed_requests": True})
     assert parse_args(step_time.launcher_argv(seeded, "policy", "classmate", "d.jsonl", "/tmp/x")).classmate.seed_requests
     assert not args.classmate.seed_requests and step_time.variant(seeded).endswith("_seeded")
-
-
-def test_per_key_syncs_flag_always_or_alternate_sets_the_launchers_switch():
-    # bare --per-key-syncs keeps meaning "every step" (=1); "alternate" switches every second pair of steps, which
-    # only the interleaved report splits
-    step_time = _bench("step_time")
-    cli = ["--tiny", "--interleave"]
-    assert step_time.parse_cli(cli).per_key_syncs == "off"
-    assert step_time.parse_cli(cli + ["--per-key-syncs"]).per_key_syncs == "always"
-    assert step_time.parse_cli(cli + ["--per-key-syncs", "alternate"]).per_key_syncs == "alternate"
-    env = {v: step_time.launcher_env(step_time.parse_cli(cli + ["--per-key-syncs", v]), interleave=True)
-           for v in ("off", "always", "alternate")}
-    assert env == {"off": {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1"},
-                   "always": {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1", PER_KEY: "1"},
-                   "alternate": {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1", PER_KEY: "alternate"}}
-    assert step_time.launcher_env(step_time.parse_cli(["--per-key-syncs"]), interleave=False) == {PER_KEY: "1"}
-    with pytest.raises(SystemExit):  # two separate runs have no pairs of steps to compare
-        step_time.parse_cli(["--per-key-syncs", "alternate"])
 
 
 def test_qwen_shaped_tokenizer_has_exactly_qwens_vocabulary(tmp_path):
@@ -265,96 +239,6 @@ def test_interleaved_step_times_come_from_the_launchers_step_lines(tmp_path):
     assert out["paired"]["median"] == round(25.0 / 26.0, 3)
 
 
-def _alternate_run() -> dict:
-    """16 interleaved steps under ``--per-key-syncs alternate``: odd GDPO, even GRPO; steps 1-2 batched, 3-4
-    per-key, 5-6 batched, ... as the actor reports them (``bench/per_key_syncs``). Steps 1-4 (the first of each
-    group) are warm-up and far off, so that taking one in would show."""
-    ppo = {1: 9.0, 2: 8.0, 3: 9.5, 4: 8.5,
-           5: 2.0, 9: 2.2, 13: 2.1, 7: 3.0, 11: 3.4, 15: 3.1,  # GDPO: batched, per-key
-           6: 1.0, 10: 1.1, 14: 1.2, 8: 1.5, 12: 1.4, 16: 1.9}  # GRPO: batched, per-key
-    return {"train/bench/classmate_step": {s: float(s % 2) for s in range(1, 17)},
-            "train/bench/per_key_syncs": {s: float((s - 1) // 2 % 2) for s in range(1, 17)},
-            "train/timing/ppo_train": ppo,
-            "train/timing/step_total": {s: v + (20.0 if s % 2 else 16.0) for s, v in ppo.items()}}
-
-
-def test_alternate_syncs_split_into_four_groups_with_ratios_and_before_after():
-    step_time = _bench("step_time")
-    out = step_time.split_interleaved(_alternate_run())
-    # the top level is the batched steps (the new code: its ratio is the one compared across calls); per_key the same
-    # figures for upstream's per-key syncs
-    assert out["gdpo"]["steps"] == [5, 9, 13] and out["grpo"]["steps"] == [6, 10, 14]
-    assert out["per_key"]["gdpo"]["steps"] == [7, 11, 15] and out["per_key"]["grpo"]["steps"] == [8, 12, 16]
-    assert out["gdpo"]["stats"]["timing/ppo_train"] == {"median": 2.1, "min": 2.0, "max": 2.2, "n": 3}
-    assert out["per_key"]["grpo"]["stats"]["timing/ppo_train"] == {"median": 1.5, "min": 1.4, "max": 1.9, "n": 3}
-    assert out["ratio"] == round(22.1 / 17.1, 3) == 1.292
-    assert out["per_key"]["ratio"] == round(23.1 / 17.5, 3) == 1.32
-    assert out["paired"] == {"median": round(22.0 / 17.0, 3), "min": round(22.1 / 17.2, 3),
-                             "max": round(22.2 / 17.1, 3), "n": 3}  # 5/6, 9/10, 13/14
-    assert out["per_key"]["paired"]["n"] == 3  # 7/8, 11/12, 15/16
-    # per-key minus batched: of the medians, and step by step against the batched step of its kind just before
-    ba = out["before_after"]
-    for tag in ("timing/ppo_train", "timing/step_total"):  # the other phases do not change: the same differences
-        assert ba["gdpo"][tag]["median_diff"] == 1.0 and ba["grpo"][tag]["median_diff"] == 0.4
-        assert ba["gdpo"][tag]["pairs"] == {7: 1.0, 11: 1.2, 15: 1.0}  # 7-5, 11-9, 15-13 (3-1: warm-up)
-        assert ba["gdpo"][tag]["paired"] == {"median": 1.0, "min": 1.0, "max": 1.2, "n": 3}
-        assert ba["grpo"][tag]["pairs"] == {8: 0.5, 12: 0.3, 16: 0.7}
-        assert ba["grpo"][tag]["paired"] == {"median": 0.5, "min": 0.3, "max": 0.7, "n": 3}
-    # a run without the switch's flag keeps the two-group report
-    plain = step_time.split_interleaved({k: v for k, v in _alternate_run().items() if "per_key" not in k})
-    assert "per_key" not in plain and "before_after" not in plain and plain["gdpo"]["steps"] == [3, 5, 7, 9, 11, 13, 15]
-
-
-def test_alternate_syncs_table_shows_four_columns_and_the_before_after(capsys):
-    step_time = _bench("step_time")
-    row = {"run": "interleaved", "exit": 0, "call": 1, **step_time.split_interleaved(_alternate_run())}
-    step_time.print_interleaved({"gpus": 1, "device": "cpu", "placement": "colocate", "batch": "b", "calls": [row]})
-    text = capsys.readouterr().out
-    header = next(line for line in text.splitlines() if "GRPO batched" in line)
-    assert header.split() == ["GRPO", "batched", "GRPO", "per-key", "GDPO", "batched", "GDPO", "per-key"]
-    actor = next(line for line in text.splitlines() if line.startswith("actor update"))
-    assert actor.split()[2:] == ["1.10", "[1.00,", "1.20]", "1.50", "[1.40,", "1.90]", "2.10", "[2.00,", "2.20]",
-                                 "3.10", "[3.00,", "3.40]"]
-    assert "GDPO / GRPO, batched steps = 1.292" in text and "GDPO / GRPO, per-key steps = 1.32" in text
-    assert "per-key - batched, actor update: GDPO +1.00 (pairs +1.00 [+1.00, +1.20]), GRPO +0.40" in text
-
-
-def _tiny_interleaved(tmp_path, json_name: str, *flags: str) -> dict:
-    """``bench/step_time.py --interleave`` on CPU (tiny models, HF engines, 8 small steps, ~1 min) with ``flags``;
-    the call's row of the JSON it writes."""
-    import json
-
-    from openrlhf_classmate.testing.watchdog import run_watched
-
-    log = tmp_path / "bench.log"
-    code = run_watched([sys.executable, "bench/step_time.py", "--tiny", "--engine", "hf", "--interleave", *flags,
-                        "--steps", "8", "--prompts", "2", "--samples", "2", "--new-tokens", "16",
-                        "--classmate-new-tokens", "8", "--micro-batch", "2", "--train-micro-batch", "2", "--models",
-                        str(tmp_path / "models"), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
-                       str(log), cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"})
-    assert code == 0, log.read_text()[-6000:]
-    return json.loads((tmp_path / "out" / json_name).read_text())["calls"][-1]
-
-
-@pytest.mark.slow
-def test_alternate_syncs_tiny_interleaved_run_reports_four_groups(tmp_path):
-    """The script path on CPU (tiny models, HF engines, 8 small steps, ~1 min): the real actor reports the path each
-    step took, steps 1-2 and 5-6 batched, 3-4 and 7-8 per-key, and the JSON has each group's steady step."""
-    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_colocate_per-key-alternate.json",
-                            "--per-key-syncs", "alternate")
-    step_time = _bench("step_time")
-    flags = step_time.launcher_step_scalars(row["log"])["train/bench/per_key_syncs"]
-    assert flags == {s: float((s - 1) // 2 % 2) for s in range(1, 9)}
-    assert (row["gdpo"]["steps"], row["grpo"]["steps"]) == ([5], [6])
-    assert (row["per_key"]["gdpo"]["steps"], row["per_key"]["grpo"]["steps"]) == ([7], [8])
-    assert row["ratio"] > 0 and row["per_key"]["ratio"] > 0
-    for kind, step in (("gdpo", "7"), ("grpo", "8")):  # JSON keys: the per-key step of each pair
-        for tag in ("timing/ppo_train", "timing/step_total"):
-            ba = row["before_after"][kind][tag]
-            assert list(ba["pairs"]) == [step] and ba["median_diff"] == ba["pairs"][step] == ba["paired"]["median"]
-    assert "per-key - batched, actor update: GDPO" in (tmp_path / "bench.log").read_text()
-
-
 def test_the_step_time_target_is_tighter_on_two_gpus():
     # one GPU: the classmate stage runs between sleeping engines (1.25x); two: it overlaps the forwards (issue 28)
     step_time = _bench("step_time")
@@ -379,11 +263,20 @@ def test_vllm_logprobs_overhead_needs_a_real_vllm():
     assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: this benchmark runs vLLM")
 
 
+@pytest.fixture
+def changes(monkeypatch):
+    """Three changes with a before path (none has one today: ``bench_switches.BEFORE_CHANGES``)."""
+    from openrlhf_classmate.integration import bench_switches
+
+    monkeypatch.setattr(bench_switches, "BEFORE_CHANGES", ("first", "second", "third"))
+    return bench_switches.BEFORE_CHANGES
+
+
 def _before_run() -> dict:
-    """16 interleaved steps under ``--before dispatch``: odd GDPO, even GRPO; steps 3-4, 7-8, ... on the path before
-    the change (``bench/before``), GDPO steps slower there; GRPO steps take no classmate path (the control)."""
+    """16 interleaved steps under ``--before first``: odd GDPO, even GRPO; steps 3-4, 7-8, ... on the path before
+    the change (``bench/before``), GDPO steps slower there; GRPO steps take the same path twice (the control)."""
     total = {1: 40.0, 2: 30.0, 3: 41.0, 4: 31.0,
-             5: 24.0, 9: 25.0, 13: 24.5, 7: 27.0, 11: 28.0, 15: 27.5,  # GDPO: after (per group), before (batch)
+             5: 24.0, 9: 25.0, 13: 24.5, 7: 27.0, 11: 28.0, 15: 27.5,  # GDPO: after, before
              6: 20.0, 10: 20.2, 14: 20.1, 8: 20.1, 12: 20.0, 16: 20.3}  # GRPO: the same path twice
     return {"train/bench/classmate_step": {s: float(s % 2) for s in range(1, 17)},
             "train/bench/before": {s: float((s - 1) // 2 % 2) for s in range(1, 17)},
@@ -392,63 +285,32 @@ def _before_run() -> dict:
             "train/timing/generation": {s: 10.0 for s in total}}
 
 
-def test_before_switch_splits_into_four_groups_with_the_stage_rows(capsys):
+def test_one_change_under_the_alternation_splits_into_four_groups(capsys):
     step_time = _bench("step_time")
-    out = step_time.split_interleaved(_before_run())
-    assert out["gdpo"]["steps"] == [5, 9, 13] and out["before"]["gdpo"]["steps"] == [7, 11, 15]
-    assert out["ratio"] == round(24.5 / 20.1, 3) and out["before"]["ratio"] == round(27.5 / 20.1, 3)
-    ba = out["before_after"]
-    assert set(ba["gdpo"]) == {"timing/generation", "timing/make_experience", "timing/step_total"}
+    out = step_time.split_interleaved(_before_run(), changes=("first",), block=2)
+    before = out["paths"]["first"]
+    assert out["gdpo"]["steps"] == [5, 9, 13] and before["gdpo"]["steps"] == [7, 11, 15]
+    assert out["ratio"] == round(24.5 / 20.1, 3) and before["ratio"] == round(27.5 / 20.1, 3)
+    ba = out["before_after"]["first"]
+    assert set(ba["gdpo"]) == set(step_time.PAIR_ROWS)
     assert ba["gdpo"]["timing/step_total"]["median_diff"] == 3.0
-    assert ba["gdpo"]["timing/step_total"]["pairs"] == {7: 3.0, 11: 3.0, 15: 3.0}
-    assert ba["grpo"]["timing/step_total"]["median_diff"] == 0.0  # the control: no classmate path to change
+    assert ba["gdpo"]["timing/step_total"]["pairs"] == {7: 3.0, 11: 3.0, 15: 3.0}  # 7-5, 11-9, 15-13 (3-1: warm-up)
+    assert ba["grpo"]["timing/step_total"]["median_diff"] == 0.0  # the control: the same path
     assert ba["gdpo"]["timing/generation"]["median_diff"] == 0.0
+    assert ba["gdpo"]["timing/ppo_train"]["after"] is None  # not logged in this run
     row = {"run": "interleaved", "exit": 0, "call": 1, **out}
     step_time.print_interleaved({"gpus": 1, "device": "cpu", "placement": "share", "batch": "b", "calls": [row]})
     text = capsys.readouterr().out
     header = next(line for line in text.splitlines() if "GRPO after" in line)
-    assert header.split() == ["GRPO", "after", "GRPO", "before", "GDPO", "after", "GDPO", "before"]
-    assert "GDPO / GRPO, after steps = 1.219" in text and "GDPO / GRPO, before steps = 1.368" in text
-    assert "before - after, step total: GDPO +3.00 (pairs +3.00 [+3.00, +3.00]), GRPO +0.00" in text
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--before", "seeds"], "--before needs --interleave"),
-    (["--interleave", "--before", "dispatch"], "--before dispatch needs --placement share"),
-    (["--interleave", "--before", "seeds", "--per-key-syncs", "alternate"], "measure one change per run"),
-    (["--interleave", "--before", "seeds", "--seed-requests"], "drop --seed-requests"),
-])
-def test_before_switch_misuse_is_refused(capsys, argv, message):
-    step_time = _bench("step_time")
-    with pytest.raises(SystemExit):
-        step_time.parse_cli(argv)
-    assert message in capsys.readouterr().err
-
-
-def test_before_switch_reaches_the_launcher_environment():
-    step_time = _bench("step_time")
-    a = step_time.parse_cli(["--interleave", "--before", "dispatch", "--placement", "share"])
-    assert step_time.launcher_env(a, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1",
-                                                          "OPENRLHF_CLASSMATE_BENCH_BEFORE": "dispatch"}
-    assert step_time.variant(a) == "_before-dispatch"
-
-
-@pytest.mark.slow
-def test_before_dispatch_tiny_interleaved_run_alternates_the_dispatch(tmp_path):
-    """The script path on CPU (tiny models, HF engines, classmate placement share): GDPO steps 1, 5 send their
-    classmate requests per prompt group, steps 3, 7 after the batch; the launcher reports both per step."""
-    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_share_before-dispatch.json",
-                            "--before", "dispatch", "--placement", "share")
-    scalars = _bench("step_time").launcher_step_scalars(row["log"])
-    assert scalars["train/bench/before"] == {s: float((s - 1) // 2 % 2) for s in range(1, 9)}
-    assert scalars["train/classmate/dispatched_per_group"] == {1: 1.0, 3: 0.0, 5: 1.0, 7: 0.0}
-    assert (row["gdpo"]["steps"], row["before"]["gdpo"]["steps"]) == ([5], [7])
+    assert header.split() == ["GRPO", "after", "GDPO", "after", "GRPO", "first", "GDPO", "first"]
+    assert "  step total: GRPO +0.00 (pairs +0.10 [-0.20, +0.20]), GDPO +3.00 (pairs +3.00 [+3.00, +3.00])" in text
+    assert "GDPO / GRPO, after steps = 1.219" in text
 
 
 def _paths_run(cycles: int = 3) -> dict:
-    """A GDPO-only run under ``--before dispatch,seeds,syncs``: step 1 after, 2 dispatch, 3 seeds, 4 syncs, 5 after,
-    ...; the dispatch steps 3 s slower in step total and generation, the seeds steps 1 s slower in the classmate's
-    own generation only, the syncs steps 0.5 s slower in the actor update; the after steps drift by 0.1 s a cycle."""
+    """A GDPO-only run under ``--before first,second,third``: step 1 after, 2 first, 3 second, 4 third, 5 after, ...;
+    the first change's steps 3 s slower in step total and generation, the second's 1 s slower in the classmate's own
+    generation only, the third's 0.5 s slower in the actor update; the after steps drift by 0.1 s a cycle."""
     total, generation, classmate, update = {}, {}, {}, {}
     for s in range(1, 4 * cycles + 1):
         cycle, path = (s - 1) // 4, (s - 1) % 4
@@ -466,35 +328,32 @@ def _paths_run(cycles: int = 3) -> dict:
 
 def test_several_changes_in_one_gdpo_only_run_give_a_pair_each(capsys):
     step_time = _bench("step_time")
-    out = step_time.split_interleaved(_paths_run(), changes=("dispatch", "seeds", "syncs"), block=1)
-    assert out["changes"] == ["dispatch", "seeds", "syncs"] and out["grpo"]["steps"] == []
+    names = ("first", "second", "third")
+    out = step_time.split_interleaved(_paths_run(), changes=names, block=1)
+    assert out["changes"] == list(names) and out["grpo"]["steps"] == []
     assert out["gdpo"]["steps"] == [5, 9]  # step 1 is the after path's warm-up
     assert {c: out["paths"][c]["gdpo"]["steps"] for c in out["changes"]} == {
-        "dispatch": [6, 10], "seeds": [7, 11], "syncs": [8, 12]}
+        "first": [6, 10], "second": [7, 11], "third": [8, 12]}
     ba = out["before_after"]
-    assert set(ba["dispatch"]["gdpo"]) == {"timing/generation", "timing/make_experience", "timing/step_total",
-                                           "classmate/generation_time", "classmate/wait_time"}
-    assert set(ba["syncs"]["gdpo"]) == {"timing/ppo_train", "actor_timing/fit", "actor_timing/micro_steps",
-                                        "timing/step_total"}
+    assert all(set(ba[c]["gdpo"]) == set(step_time.PAIR_ROWS) for c in names)
     # each before step against the after step that opened its cycle: the change's own seconds, free of the drift
-    assert ba["dispatch"]["gdpo"]["timing/step_total"]["pairs"] == {6: 3.0, 10: 3.0}
-    assert ba["seeds"]["gdpo"]["classmate/generation_time"]["pairs"] == {7: 1.0, 11: 1.0}
-    assert ba["seeds"]["gdpo"]["timing/step_total"]["pairs"] == {7: 0.0, 11: 0.0}
-    assert ba["syncs"]["gdpo"]["timing/ppo_train"] == {"batched": 7.0, "per_key": 7.5, "median_diff": 0.5,
+    assert ba["first"]["gdpo"]["timing/step_total"]["pairs"] == {6: 3.0, 10: 3.0}
+    assert ba["second"]["gdpo"]["classmate/generation_time"]["pairs"] == {7: 1.0, 11: 1.0}
+    assert ba["second"]["gdpo"]["timing/step_total"]["pairs"] == {7: 0.0, 11: 0.0}
+    assert ba["third"]["gdpo"]["timing/ppo_train"] == {"after": 7.0, "before": 7.5, "median_diff": 0.5,
                                                       "pairs": {8: 0.5, 12: 0.5},
                                                       "paired": {"median": 0.5, "min": 0.5, "max": 0.5, "n": 2}}
-    assert ba["syncs"]["gdpo"]["actor_timing/fit"]["batched"] is None  # not logged in this run
-    assert out["counts"] == {"dispatch": False, "seeds": False, "syncs": False}  # 2 steady steps a path
+    assert out["counts"] == {"first": False, "second": False, "third": False}  # 2 steady steps a path
     assert out["ratio"] is None  # no GRPO step
-    counted = step_time.split_interleaved(_paths_run(cycles=9), changes=("dispatch", "seeds", "syncs"), block=1)
-    assert counted["counts"] == {"dispatch": True, "seeds": True, "syncs": True}  # 8 steady steps a path
+    counted = step_time.split_interleaved(_paths_run(cycles=9), changes=names, block=1)
+    assert counted["counts"] == {"first": True, "second": True, "third": True}  # 8 steady steps a path
 
     row = {"run": "interleaved", "exit": 0, "call": 1, **out}
     step_time.print_interleaved({"gpus": 1, "device": "cpu", "placement": "share", "batch": "b", "calls": [row]})
     text = capsys.readouterr().out
     header = next(line for line in text.splitlines() if "GDPO after" in line)
-    assert header.split() == ["GDPO", "after", "GDPO", "dispatch", "GDPO", "seeds", "GDPO", "syncs"]
-    assert "dispatch: before - after (2 steady steps on the smaller side; too few to count, at least 8)" in text
+    assert header.split() == ["GDPO", "after", "GDPO", "first", "GDPO", "second", "GDPO", "third"]
+    assert "first: before - after (2 steady steps on the smaller side; too few to count, at least 8)" in text
     assert "  step total: GDPO +3.00 (pairs +3.00 [+3.00, +3.00])" in text
     assert "  classmate generation: GDPO +1.00 (pairs +1.00 [+1.00, +1.00])" in text
     assert "  actor update: GDPO +0.50 (pairs +0.50 [+0.50, +0.50])" in text
@@ -502,66 +361,49 @@ def test_several_changes_in_one_gdpo_only_run_give_a_pair_each(capsys):
 
 
 def test_one_change_in_a_gdpo_only_run_pairs_neighbouring_steps():
-    # --runs gdpo --before seeds: every second step takes the before path, paired with the step before it
+    # --runs gdpo --before first: every second step takes the before path, paired with the step before it
     step_time = _bench("step_time")
     tb = {"train/bench/classmate_step": {s: 1.0 for s in range(1, 9)},
           "train/bench/before": {s: float((s - 1) % 2) for s in range(1, 9)},
           "train/timing/step_total": {s: 20.0 + s + (1.0 if s % 2 == 0 else 0.0) for s in range(1, 9)}}
-    out = step_time.split_interleaved(tb, changes=("seeds",), block=1)
-    assert out["gdpo"]["steps"] == [3, 5, 7] and out["paths"]["seeds"]["gdpo"]["steps"] == [4, 6, 8]
-    assert out["before_after"]["seeds"]["gdpo"]["timing/step_total"]["pairs"] == {4: 2.0, 6: 2.0, 8: 2.0}
+    out = step_time.split_interleaved(tb, changes=("first",), block=1)
+    assert out["gdpo"]["steps"] == [3, 5, 7] and out["paths"]["first"]["gdpo"]["steps"] == [4, 6, 8]
+    assert out["before_after"]["first"]["gdpo"]["timing/step_total"]["pairs"] == {4: 2.0, 6: 2.0, 8: 2.0}
 
 
-def test_several_changes_reach_the_launcher_as_one_list_without_the_alternation():
+def test_several_changes_reach_the_launcher_as_one_list_without_the_alternation(changes):
     step_time = _bench("step_time")
-    a = step_time.parse_cli(["--interleave", "--runs", "gdpo", "--before", "dispatch,seeds,syncs", "--placement",
-                             "share"])
-    assert step_time.launcher_env(a, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_BEFORE": "dispatch,seeds,syncs"}
+    a = step_time.parse_cli(["--interleave", "--runs", "gdpo", "--before", "first,second,third"])
+    assert step_time.launcher_env(a, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_BEFORE": "first,second,third"}
     # the device tool returns only files named in letters, digits, '.', '_' and '-' (a '+' kept the first JSON back)
-    assert step_time.variant(a) == "_gdpo-only_before-dispatch-seeds-syncs"
-    both = step_time.parse_cli(["--interleave", "--before", "seeds,syncs"])
+    assert step_time.variant(a) == "_gdpo-only_before-first-second-third"
+    both = step_time.parse_cli(["--interleave", "--before", "second"])
     assert step_time.launcher_env(both, interleave=True) == {"OPENRLHF_CLASSMATE_BENCH_ALTERNATE": "1",
-                                                             "OPENRLHF_CLASSMATE_BENCH_BEFORE": "seeds,syncs"}
+                                                             "OPENRLHF_CLASSMATE_BENCH_BEFORE": "second"}
+    assert step_time.variant(both) == "_before-second"
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--interleave", "--before", "seeds,seeds"], "--before seeds,seeds: a comma-separated list of dispatch, seeds, "
-                                                  "syncs, each at most once"),
+    (["--before", "first"], "--before needs --interleave"),
+    (["--interleave", "--before", "first,first"], "--before first,first: a comma-separated list of first, second, "
+                                                  "third, each at most once"),
     (["--interleave", "--before", "prefix"], "--before prefix: a comma-separated list"),
-    (["--interleave", "--before", "syncs", "--per-key-syncs"], "drop --per-key-syncs"),
     (["--interleave", "--runs", "gdpo"], "--interleave --runs gdpo needs --before"),
-    (["--interleave", "--runs", "grpo", "--before", "seeds"], "--runs grpo with --interleave"),
-    (["--interleave", "--runs", "gdpo", "--before", "dispatch,seeds"], "--before dispatch needs --placement share"),
+    (["--interleave", "--runs", "grpo", "--before", "first"], "--runs grpo with --interleave"),
 ])
-def test_several_changes_misuse_is_refused(capsys, argv, message):
+def test_several_changes_misuse_is_refused(changes, capsys, argv, message):
     step_time = _bench("step_time")
     with pytest.raises(SystemExit):
         step_time.parse_cli(argv)
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_several_changes_tiny_gdpo_only_run_cycles_through_the_paths(tmp_path):
-    """The script path on CPU (tiny models, HF engines, classmate placement share, 8 GDPO steps): the launcher cycles
-    after, dispatch, seeds, syncs; the samples generator sends the dispatch steps' requests after the batch and the
-    real actor takes upstream's metric syncs on the syncs steps, each reporting it per step."""
-    row = _tiny_interleaved(tmp_path, "step_time_1gpu_interleaved_share_gdpo-only_before-dispatch-seeds-syncs.json",
-                            "--runs", "gdpo", "--before", "dispatch,seeds,syncs", "--placement", "share")
-    scalars = _bench("step_time").launcher_step_scalars(row["log"])
-    assert scalars["train/bench/before"] == {s: float((s - 1) % 4) for s in range(1, 9)}
-    assert scalars["train/bench/classmate_step"] == {s: 1.0 for s in range(1, 9)}
-    assert scalars["train/classmate/dispatched_per_group"] == {s: float(s % 4 != 2) for s in range(1, 9)}
-    assert scalars["train/bench/per_key_syncs"] == {s: float(s % 4 == 0) for s in range(1, 9)}
-    assert row["gdpo"]["steps"] == [5] and row["grpo"]["steps"] == []
-    assert {c: row["paths"][c]["gdpo"]["steps"] for c in row["changes"]} == {"dispatch": [6], "seeds": [7],
-                                                                             "syncs": [8]}
-    for change, step, gap in (("dispatch", "6", 1), ("seeds", "7", 2), ("syncs", "8", 3)):
-        ba = row["before_after"][change]["gdpo"]["timing/step_total"]
-        totals = row["paths"][change]["gdpo"]["per_step"]["timing/step_total"]
-        assert ba["pairs"] == {step: round(totals[step] - row["gdpo"]["per_step"]["timing/step_total"]["5"], 3)}
-        assert int(step) - gap == 5
-    assert "syncs: before - after (0 steady steps" not in (tmp_path / "bench.log").read_text()
-    assert "GDPO steps only: no GDPO / GRPO ratio in this run" in (tmp_path / "bench.log").read_text()
+def test_no_change_has_a_before_path_today(capsys):
+    # the recorded pairs' before paths are gone (bench_switches): --before dispatch is refused before any run
+    step_time = _bench("step_time")
+    with pytest.raises(SystemExit):
+        step_time.parse_cli(["--interleave", "--before", "dispatch"])
+    assert "a comma-separated list of no change" in capsys.readouterr().err
 
 
 def _call(ratio: float, paired: float, steady: int) -> dict:

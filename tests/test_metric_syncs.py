@@ -3,8 +3,8 @@
 Upstream's ``ppo_train`` turns every tensor metric of a micro-batch into a float (``.item()``: a host sync each) and
 ``DeepspeedStrategy.all_reduce`` reduces a dict one key at a time (a host-to-device copy, a collective and a
 device-to-host copy each); a GDPO micro-batch carries about 60 metrics. Our strategy reduces a flat dict in one
-collective and our trainer reads the metrics back in one transfer, with the values upstream's per-key path gives;
-``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` restores upstream's path (the benchmark's control). Each per-sample
+collective and our trainer reads the metrics back in one transfer, with the values upstream's per-key path gives
+(the tests restore upstream's path by patching out our three steps: :func:`_upstream_paths`). Each per-sample
 ``info`` metric goes to the device as one tensor, not one 0-dim tensor per sample. The non-finite guard reads nothing
 back per micro-batch."""
 
@@ -15,8 +15,6 @@ import pytest
 import torch
 
 from openrlhf_classmate.testing.gloo_ranks import run_ranks
-
-PER_KEY = "OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS"
 
 
 @pytest.mark.slow
@@ -68,6 +66,17 @@ def policy(tmp_path_factory):
         yield policy_actor(model, ["--actor.adam.lr", "0"])
 
 
+def _upstream_paths(m) -> None:
+    """Upstream's per-key path, under the monkeypatch context ``m``: our strategy's ``all_reduce`` packs nothing
+    (upstream's collective per key), ``training_step`` leaves the metrics to upstream's ``.item()`` per metric, and
+    the collate leaves each per-sample metric a list of 0-dim tensors."""
+    from openrlhf_classmate.integration import actor, strategy
+
+    m.setattr(strategy, "packable", lambda data: None)
+    m.setattr(actor, "metrics_to_host", lambda metrics, weights: None)
+    m.setattr(actor, "stack_info", lambda info: info)
+
+
 def _counted_fit(actor, monkeypatch) -> tuple[dict, dict[str, int]]:
     """One ``fit`` of the GDPO-like batch (2 micro-batches, same shuffle) with its ``dist.all_reduce``,
     ``Tensor.item`` and ``Tensor.tolist`` calls and the tensors ``Experience.to_device`` copies counted."""
@@ -101,12 +110,12 @@ def _counted_fit(actor, monkeypatch) -> tuple[dict, dict[str, int]]:
 @pytest.mark.slow
 def test_the_update_reads_metrics_back_once_per_micro_batch_with_upstreams_status(policy, monkeypatch):
     """A real DeepSpeed policy update (one rank, CPU) of a micro-batch with ~61 info metrics: the status equals, key by
-    key and bit for bit, the status of upstream's per-key path (the benchmark switch), with one collective instead of
-    K + 2 and no ``.item()`` instead of 2K + 2 per micro-batch (K = metrics reduced)."""
+    key and bit for bit, the status of upstream's per-key path (:func:`_upstream_paths`), with one collective
+    instead of K + 2 and no ``.item()`` instead of 2K + 2 per micro-batch (K = metrics reduced)."""
     _counted_fit(policy, monkeypatch)  # warm-up: the optimizer's first step does its own one-off work
-    monkeypatch.setenv(PER_KEY, "1")
-    upstream, upstream_counts = _counted_fit(policy, monkeypatch)
-    monkeypatch.delenv(PER_KEY)
+    with monkeypatch.context() as m:
+        _upstream_paths(m)
+        upstream, upstream_counts = _counted_fit(policy, monkeypatch)
     ours, our_counts = _counted_fit(policy, monkeypatch)
 
     assert sorted(ours) == sorted(upstream) and len(ours) > 60
@@ -125,76 +134,6 @@ def test_the_update_reads_metrics_back_once_per_micro_batch_with_upstreams_statu
     assert per_sample > 25
     assert (upstream_counts["to_device_copies"] - our_counts["to_device_copies"]
             == micro_batches * per_sample * (samples_per_micro_batch - 1))
-
-
-def test_alternate_switches_the_actor_update_every_second_pair_of_steps(monkeypatch):
-    """``=alternate`` (bench/step_time.py --interleave --per-key-syncs alternate): the trainer counts its own
-    ``ppo_train`` calls (one per global step) and takes upstream's per-key path on steps 3-4, 7-8, ...: under the
-    interleave (odd GDPO, even GRPO) each kind alternates between the paths. The answer is the same everywhere in one
-    step (the strategy asks once per micro-batch), and the step's status says which path it took."""
-    from openrlhf_classmate.integration import strategy
-    from openrlhf_classmate.integration.actor import ActorPPOTrainer, ClassmateActorPPOTrainer  # upstream's, ours
-
-    seen = []
-
-    def upstream_ppo_train(self, kl_ctl):
-        answers = {strategy.per_key_syncs() for _ in range(3)}  # micro-batches of one step
-        assert len(answers) == 1
-        seen.append(answers.pop())
-        return {"policy_loss": 0.5}
-
-    monkeypatch.setattr(ActorPPOTrainer, "ppo_train", upstream_ppo_train)
-    monkeypatch.setattr(strategy, "_train_step", 0)  # this process's count, restored after the test
-
-    def run(value: str | None, steps: int = 8) -> list[dict]:
-        if value is None:
-            monkeypatch.delenv(PER_KEY, raising=False)
-        else:
-            monkeypatch.setenv(PER_KEY, value)
-        trainer = ClassmateActorPPOTrainer.__new__(ClassmateActorPPOTrainer)  # upstream's __init__ needs an engine
-        trainer.nonfinite = SimpleNamespace(status=lambda: {"nonfinite_skipped": 0.0})
-        seen.clear()
-        return [trainer.ppo_train(0.0) for _ in range(steps)]
-
-    statuses = run("alternate")
-    assert seen == [False, False, True, True, False, False, True, True]
-    assert [s["bench/per_key_syncs"] for s in statuses] == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
-    assert statuses[2] == {"policy_loss": 0.5, "nonfinite_skipped": 0.0, "bench/per_key_syncs": 1.0,
-                           "actor_timing/micro_steps": 0.0}  # no training_step in this stand-in
-    assert strategy.per_key_syncs()  # between steps: the last step's answer (step 8)
-    # "1": every step; unset: none; neither adds the flag to the status
-    assert all("bench/per_key_syncs" not in s for s in run("1")) and seen == [True] * 8
-    assert all("bench/per_key_syncs" not in s for s in run(None)) and seen == [False] * 8
-
-    # the multi-change switch (bench/step_time.py --before dispatch,seeds,syncs, GDPO steps only): the steps cycle
-    # through after, dispatch, seeds, syncs; the actor takes upstream's path on the syncs steps (4, 8) only, and it
-    # decides over PER_KEY's own value
-    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch,seeds,syncs")
-    statuses = run(None)
-    assert seen == [False, False, False, True] * 2
-    assert [s["bench/per_key_syncs"] for s in statuses] == [0.0, 0.0, 0.0, 1.0] * 2
-    run("1")
-    assert seen == [False, False, False, True] * 2
-    monkeypatch.setenv("OPENRLHF_CLASSMATE_BENCH_BEFORE", "dispatch,seeds")  # no syncs change: PER_KEY decides
-    assert all("bench/per_key_syncs" not in s for s in run(None)) and seen == [False] * 8
-
-
-@pytest.mark.slow
-def test_alternate_takes_upstreams_path_on_its_steps_only(policy, monkeypatch):
-    """The real policy update under ``=alternate``: four consecutive fits (two per-key, two batched, whatever the
-    fixture's count) report their path, and the per-key ones make upstream's K + 2 collectives per micro-batch where
-    the batched ones make one; the statuses are the same otherwise (lr 0)."""
-    monkeypatch.setenv(PER_KEY, "alternate")
-    first = policy.trainer.train_steps + 1
-    fits = [_counted_fit(policy, monkeypatch) for _ in range(4)]
-    flags = [status.pop("bench/per_key_syncs") for status, _ in fits]
-    assert flags == [float((step - 1) // 2 % 2) for step in range(first, first + 4)] and sorted(flags) == [0, 0, 1, 1]
-    k = len([key for key in fits[0][0] if key not in ("actor_lr", "actor_grad_norm", "nonfinite_skipped",
-                                                        "nonfinite_consecutive")])
-    collectives = {flag: counts["all_reduce"] for flag, (_, counts) in zip(flags, fits)}
-    assert all(counts["all_reduce"] == collectives[flag] for flag, (_, counts) in zip(flags, fits))
-    assert collectives[1.0] - collectives[0.0] == 2 * (k + 2 - 1)  # two micro-batches
-    assert all(status == fits[0][0] for status, _ in fits)
 
 
 def test_the_nonfinite_guard_reads_nothing_back_per_micro_batch(monkeypatch):

@@ -374,3 +374,49 @@ def _check_scalars_finite(result: dict[str, torch.Tensor]) -> None:
         if x is not None and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} overflowed to a non-finite value although every reward is finite: the rewards "
                              f"are too large for the advantage statistics in {x.dtype}; rescale the reward")
+
+
+# upstream's --algo.advantage.estimator values that train over valid main scores only (plain runs: the main reward)
+VALID_ONLY_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline", "reinforce", "flash_reinforce")
+
+
+def main_advantages_over_valid(
+    estimator: str,
+    main_rewards: torch.Tensor | None,
+    group_index: torch.Tensor | None,
+    *,
+    main_valid: torch.Tensor,
+    response_mask: torch.Tensor | None = None,
+    returns: torch.Tensor | None = None,
+    returns_mask: torch.Tensor | None = None,
+    no_std_norm: bool = False,
+    **upstream,
+) -> dict[str, torch.Tensor | None]:
+    """Upstream's main-reward estimator ``estimator`` (``--algo.advantage.estimator``, a plain run) with the invalid
+    main scores (``main_valid`` False) left out of every statistic: the group baselines, ``flash_reinforce``'s batch
+    mean, the whitening of ``reinforce`` / ``reinforce_baseline``. An invalid score gets exactly zero advantage
+    (upstream had entered a placeholder 0 into those statistics).
+
+    * ``reinforce`` (no baseline): ``returns`` (upstream's discounted per-token returns, any shape) whitened over
+      ``returns_mask`` (the action tokens of the valid rows), ``mean`` with ``no_std_norm``; returns
+      ``{"advantages": <returns' shape>, "main_scalar": None}``.
+    * the others: :func:`compute_advantages` ``grpo`` of the main reward alone, ``main_rewards`` [B] and
+      ``group_index`` [B] in rollout order, ``response_mask`` [B, T], ``upstream`` the rest of what upstream's
+      estimator reads (``baseline``, ``kl_return``, ``main_clip``, ``whiten``, ``eps``); ``flash_reinforce``: one
+      batch-wide group with the mean baseline (``dr_grpo``), no whitening. Returns :func:`compute_advantages`'s dict.
+
+    ``gae`` raises :class:`~openrlhf_classmate.errors.TrainingStopped`: its critic would learn the placeholder."""
+    if estimator == "gae":  # refused at launch with the scorer-registry reward; another reward marked one invalid
+        from openrlhf_classmate.errors import TrainingStopped
+
+        raise TrainingStopped("error: a main score marked invalid (extra_logs main_valid = 0) reached "
+                              "--algo.advantage.estimator gae, whose critic would learn its placeholder as a real "
+                              "reward: use " + ", ".join(VALID_ONLY_ESTIMATORS[:-1]) + " or "
+                              + VALID_ONLY_ESTIMATORS[-1])
+    if estimator == "reinforce":
+        return {"advantages": whiten_tokens(returns, returns_mask, mode="mean" if no_std_norm else "mean_std"),
+                "main_scalar": None}
+    if estimator == "flash_reinforce":
+        group_index, upstream["baseline"] = torch.zeros_like(group_index), "dr_grpo"
+    return compute_advantages("grpo", main_rewards, None, group_index, response_mask=response_mask,
+                              cot_mask=torch.zeros_like(response_mask), main_valid=main_valid, **upstream)

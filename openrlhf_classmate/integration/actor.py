@@ -17,14 +17,11 @@ host sync per metric (~60 for GDPO). ``training_step`` hands it those means as p
 reduces the dict in one collective (``integration/strategy.py``). Upstream's collate also leaves each per-sample
 ``info`` metric as a list of 0-dim tensors, which ``to_device`` copies to the device one sample at a time and
 ``training_step`` reads back one element at a time; ours stacks each into one tensor first (:func:`stack_info`).
-``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` (the benchmark's switch) leaves the tensors and the lists to upstream;
-``=alternate`` does so on steps 3-4, 7-8, ... only, counted by the trainer's own ``ppo_train`` calls
-(:meth:`ClassmateActorPPOTrainer.ppo_train`).
+Upstream's per-metric path against this one is the before/after pair ``syncs`` of ``bench/GPU_RESULTS.md``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -34,7 +31,6 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate import ports
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-from openrlhf_classmate.integration.bench_switches import before_changes
 from openrlhf_classmate.integration.chunked_actor import (
     ChunkedLogprobActor,
     check_model_config,
@@ -44,7 +40,6 @@ from openrlhf_classmate.integration.chunked_actor import (
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
 from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
-from openrlhf_classmate.integration.strategy import PER_KEY_SYNCS_ENV, per_key_syncs, set_train_step
 from openrlhf_classmate.integration.weight_check import LoadCheckedActor, load_checked_class
 
 
@@ -150,12 +145,10 @@ def stack_info(info: dict) -> dict:
 
 
 def stacked_info_collate(collate):
-    """Upstream's replay-buffer collate, then :func:`stack_info` (upstream's element-wise path under the benchmark's
-    per-key switch, whose "before" it is)."""
+    """Upstream's replay-buffer collate, then :func:`stack_info`."""
     def collate_fn(batch):
         experience = collate(batch)
-        if not per_key_syncs():
-            experience.info = stack_info(experience.info)
+        experience.info = stack_info(experience.info)
         return experience
 
     return collate_fn
@@ -163,7 +156,6 @@ def stacked_info_collate(collate):
 
 class ClassmateActorPPOTrainer(ActorPPOTrainer):
     current_experience = None
-    train_steps = 0  # ppo_train calls so far: the global step, for the benchmark's alternating switch
     micro_step_s = 0.0  # this step's training_step seconds so far
 
     def __init__(self, *args, **kwargs):
@@ -182,18 +174,10 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         self.replay_buffer.collate_fn = stacked_info_collate(self.replay_buffer.collate_fn)
 
     def ppo_train(self, kl_ctl: float):
-        # One call per global step: upstream's train_step (sync and async trainers) -> PolicyModelActor.fit -> here,
-        # unless --critic.freezing_steps skips the actor's first steps (off by default and in the benchmark). The count
-        # restarts at 1 in a resumed run, the global step does not: bench/step_time.py, its only reader, starts fresh.
-        self.train_steps += 1
-        set_train_step(self.train_steps)
         self.micro_step_s = 0.0
         status = super().ppo_train(kl_ctl)
         status[f"{ACTOR_TIMING}/micro_steps"] = self.micro_step_s
         status.update(self.nonfinite.status())  # the controller logs the total and stops on the consecutive count
-        # which path this step took, for the report's split (its own answer, checked against the plan by the tests)
-        if os.environ.get(PER_KEY_SYNCS_ENV) == "alternate" or "syncs" in before_changes():
-            status["bench/per_key_syncs"] = float(per_key_syncs())
         return status
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
@@ -204,8 +188,7 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
             status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
             self.current_experience = None
-        if not per_key_syncs():
-            metrics_to_host(status["metrics"], status["weights"])
+        metrics_to_host(status["metrics"], status["weights"])
         # wall time up to the metrics' read-back, which waits for the micro-batch's GPU work
         self.micro_step_s += time.perf_counter() - start
         return status

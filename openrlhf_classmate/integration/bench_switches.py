@@ -1,15 +1,20 @@
 """The step-time benchmark's switches (``bench/step_time.py``), read from the environment by the launcher's processes.
 
 A training run never sets them. They let one launcher run time several paths under the same engines, weights and
-machine drift, so that each comparison is a pair measured inside one device call (issue 26):
+machine drift, so that each comparison is a pair measured inside one device call:
 
 * ``OPENRLHF_CLASSMATE_BENCH_ALTERNATE=1``: odd rollout batches are classmate GDPO steps, even ones plain GRPO
   (:class:`~openrlhf_classmate.integration.experience_maker.ClassmateExperienceMaker`).
-* ``OPENRLHF_CLASSMATE_BENCH_BEFORE=<change>[,<change>...]``: some steps take the path from before a change
-  (:data:`BEFORE_CHANGES`): ``dispatch``, the classmate requests sent after the whole batch instead of per prompt
-  group; ``seeds``, a seed of its own for every classmate request; ``syncs``, upstream's per-metric host reads and
-  per-key collectives in the actor update (``integration.strategy``). The steps cycle through the launcher's own path
-  ("after") and each listed change's before path (:func:`before_path`).
+* ``OPENRLHF_CLASSMATE_BENCH_BEFORE=<change>[,<change>...]``: some steps take the path from before a change of
+  :data:`BEFORE_CHANGES`. The steps cycle through the launcher's own path ("after") and each listed change's before
+  path (:func:`before_path`); the experience maker logs each rollout batch's path index as ``bench/before``, which
+  ``bench/step_time.py --before`` splits the steps by.
+
+The pairs recorded so far (``dispatch``, ``seeds``, ``syncs``: ``bench/GPU_RESULTS.md``, ``bench/gpu_results/wave9``)
+had their before paths removed, so :data:`BEFORE_CHANGES` is empty. A new pair plugs in with two edits: its name in
+:data:`BEFORE_CHANGES`, and one branch where its old code ran, ``if before_path(step) == "<name>": <the old path>``,
+``step`` being the 1-based rollout batch (the experience maker's ``_batches_made``; a process without it, such as
+the actor, counts its own steps from the run's start). Remove both once its figures are recorded.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import os
 
 ALTERNATE_ENV = "OPENRLHF_CLASSMATE_BENCH_ALTERNATE"
 BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
-BEFORE_CHANGES = ("dispatch", "seeds", "syncs")
+# the changes whose before path the code still holds (none today: see the module docstring)
+BEFORE_CHANGES: tuple[str, ...] = ()
 
 
 def alternating() -> bool:
@@ -32,7 +38,8 @@ def parse_changes(raw: str) -> tuple[str, ...]:
     measured nothing would report a pair of equal paths."""
     changes = tuple(raw.split(",")) if raw else ()
     if any(c not in BEFORE_CHANGES for c in changes) or len(set(changes)) != len(changes):
-        raise ValueError(f"a comma-separated list of {', '.join(BEFORE_CHANGES)}, each at most once")
+        known = ", ".join(BEFORE_CHANGES) or "no change (none has a before path today)"
+        raise ValueError(f"a comma-separated list of {known}, each at most once")
     return changes
 
 
@@ -53,8 +60,8 @@ def path_index(step: int) -> int:
     The steps go in blocks: one step, or under the GDPO / GRPO alternation two (a GDPO step and the GRPO step after
     it share a path). Block 1 takes the own path, block 2 the first change's before path, block 3 the second's, ...,
     then the cycle repeats. One change under the alternation: steps 1-2 after, 3-4 before, 5-6 after, ...; three
-    changes in a GDPO-only run: step 1 after, 2 dispatch, 3 seeds, 4 syncs, 5 after, ... So every before step has
-    an after step of its kind ``index * block`` steps earlier, in the same cycle."""
+    changes in a GDPO-only run: step 1 after, 2 the first change, 3 the second, 4 the third, 5 after, ... So every
+    before step has an after step of its kind ``index * block`` steps earlier, in the same cycle."""
     changes = before_changes()
     if not changes or step < 1:
         return 0
@@ -62,7 +69,8 @@ def path_index(step: int) -> int:
 
 
 def before_path(step: int) -> str | None:
-    """The change whose before path step ``step`` takes (:func:`path_index`), or None for the launcher's own path."""
+    """The change whose before path step ``step`` takes (:func:`path_index`), or None for the launcher's own path:
+    the one call a change's old path branches on (module docstring)."""
     index = path_index(step)
     return before_changes()[index - 1] if index else None
 

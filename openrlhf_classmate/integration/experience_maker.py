@@ -32,14 +32,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import ray
 import torch
 from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-from openrlhf_classmate.algo.advantages import SEPARATED, compute_advantages, group_std, whiten_tokens
+from openrlhf_classmate.algo.advantages import (
+    SEPARATED,
+    compute_advantages,
+    group_std,
+    main_advantages_over_valid,
+)
 from openrlhf_classmate.integration import bench_switches, mismatch
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
 from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
@@ -53,6 +59,20 @@ class AllScoresInvalidError(RuntimeError):
     def __init__(self, message: str, reason: str | None = None):
         super().__init__(message if reason is None else f"{message} ({reason})")
         self.reason = reason
+
+
+@dataclass
+class _StageRun:
+    """A classmate step's stage between the calls of ``make_experience_batch``: its requests (``pending``), when
+    they went out, the main rewards before upstream's shaping (the condition's input), the gathered ``result`` and
+    the forwards' start and end (wall seconds)."""
+
+    pending: Any
+    started_at: float
+    raw_main: torch.Tensor
+    result: Any = None
+    forward_at: float = 0.0
+    forward_end: float = 0.0
 
 
 class RewardHook(Protocol):
@@ -159,32 +179,21 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         if self.bench_alternate and self.stage is not None and uses_separated_loss(self.args):
             raise ValueError(f"{bench_switches.ALTERNATE_ENV} needs a single-advantage estimator (gdpo, grpo, ...): "
                              "the separated losses cannot train a step without classmate advantages")
-        # bench/step_time.py --before dispatch,seeds,syncs sets this: the steps cycle through the launcher's own path
-        # and each change's before path (requests sent after the batch, a seed per request, upstream's metric syncs
-        # in the actor), so that one run measures each change as a before/after pair (a benchmark control, never set
-        # in a training run)
+        # bench/step_time.py --before sets this: the steps cycle through the launcher's own path and each listed
+        # change's before path (bench_switches; none has one today), a benchmark control never set in a training run
         self.bench_before = bench_switches.before_changes()
-        self._seed_requests = bool(getattr(self.stage, "seed_requests", False))  # the run's own setting
         self._batches_made = 0
         self.last_mismatch = None  # the last batch's train-inference mismatch (integration.mismatch), read once
 
-    def bench_plan(self, batch: int) -> tuple[bool, str | None]:
-        """(classmate step, before path) of rollout batch number ``batch`` (1-based): every batch is a classmate
-        step but under the step-time benchmark's alternation (odd batches only), and the before path (the change
-        whose old path the batch takes, :func:`bench_switches.before_path`) is None but under its before/after
-        switch. Sets the classmate stage's request seeds for that batch."""
-        classmate = self.stage is not None and not (self.bench_alternate and batch % 2 == 0)
-        before = bench_switches.before_path(batch) if self.bench_before else None
-        if classmate and "seeds" in self.bench_before:
-            self.stage.seed_requests = before == "seeds" or self._seed_requests
-        return classmate, before
+    def classmate_step(self, batch: int) -> bool:
+        """Whether rollout batch number ``batch`` (1-based) is a classmate step: every batch, but under the step-time
+        benchmark's GDPO / GRPO alternation the odd ones only."""
+        return self.stage is not None and not (self.bench_alternate and batch % 2 == 0)
 
     def next_batch_dispatches_per_group(self) -> bool:
         """Whether the generator sends the next batch's classmate requests per prompt group (it does so only where
-        the run's --classmate.dispatch resolves to group): a classmate step, and not the benchmark's before path
-        of its dispatch change."""
-        classmate, before = self.bench_plan(self._batches_made + 1)
-        return classmate and before != "dispatch"
+        the run's --classmate.dispatch resolves to group): a classmate step."""
+        return self.classmate_step(self._batches_made + 1)
 
     def _engines_call(self, method: str, **kwargs) -> None:
         if self.classmate_engines:
@@ -244,10 +253,20 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
 
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
+        main_valid, step_metrics = self._run_reward_hooks(rollout_samples)
+        stage = self._dispatch(rollout_samples)
+        experiences = self._forwards(rollout_samples, stage, main_valid)
+        return self._gather_and_advantages(rollout_samples, experiences, stage, main_valid, step_metrics)
+
+    def _run_reward_hooks(self, rollout_samples) -> tuple[torch.Tensor, dict[str, float]]:
+        """Before step 1 (module docstring) and any forward pass: the labels checked, the group-level reward hooks
+        run, non-finite main rewards made invalid. Returns ``(main_valid, step_metrics)``: the validity of each main
+        score and the step's metrics so far (truncated prompts, the hooks', the benchmark's path flags). A batch
+        without a valid main score raises :class:`AllScoresInvalidError`."""
         self.check_labels(rollout_samples)
-        hook_metrics: dict[str, float] = self.truncated_prompts(rollout_samples)
+        metrics: dict[str, float] = self.truncated_prompts(rollout_samples)
         for hook in self.reward_hooks:
-            hook_metrics.update(hook(self, rollout_samples))
+            metrics.update(hook(self, rollout_samples))
         warn_nonfinite_main(invalidate_nonfinite_main(rollout_samples))
         main_valid = main_validity(rollout_samples)
         if not main_valid.any():
@@ -255,64 +274,81 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             raise AllScoresInvalidError(f"all {len(rollout_samples)} main scores of this rollout batch are invalid",
                                         "; ".join(reasons) or None)
         self._batches_made += 1
-        classmate_step, before = self.bench_plan(self._batches_made)
         if self.bench_alternate or self.bench_before:  # the report splits the steps by kind and path
-            hook_metrics["bench/classmate_step"] = float(classmate_step)
+            metrics["bench/classmate_step"] = float(self.classmate_step(self._batches_made))
         if self.bench_before:
-            hook_metrics["bench/before"] = float(bench_switches.path_index(self._batches_made))
-        if not classmate_step:
-            experiences = super().make_experience_batch(rollout_samples)
-            if not main_valid.all():
-                self._mask_invalid_main(rollout_samples, experiences, main_valid)
-            self._log_main(experiences, main_valid, hook_metrics)
-            return experiences
+            metrics["bench/before"] = float(bench_switches.path_index(self._batches_made))
+        return main_valid, metrics
+
+    def _dispatch(self, rollout_samples) -> _StageRun | None:
+        """Step 1 of a classmate step (None for a plain one): its classmate requests, sent here or already in flight
+        (sent by the async rollout actor, or per prompt group by the samples generator)."""
+        if not self.classmate_step(self._batches_made):
+            return None
         raw_main = torch.cat([s.rewards.float() for s in rollout_samples])  # before shaping: the condition's input
-        t_start = time.time()
         pending = getattr(rollout_samples, "classmate_pending", None)  # async: dispatched by the rollout actor
         if self.args.train.async_enable and pending is None:
             raise RuntimeError("this rollout batch arrived without its classmate requests; refusing to train on it "
                                "without classmate scores (the async rollout actor must dispatch them)")
-        per_group = bool(getattr(pending, "per_group", False))
         if pending is not None:
-            t_start = pending.dispatched_at
-        else:
-            if self.sleep:
-                self._engines_call("wake_up")
-            pending = self.stage.dispatch(rollout_samples)
-        if self.colocated:
-            result = self.stage.gather(pending, raw_main, main_valid)
+            return _StageRun(pending, pending.dispatched_at, raw_main)
+        started_at = time.time()
+        if self.sleep:
+            self._engines_call("wake_up")
+        return _StageRun(self.stage.dispatch(rollout_samples), started_at, raw_main)
+
+    def _forwards(self, rollout_samples, stage: _StageRun | None, main_valid):
+        """Step 2: upstream's ``make_experience_batch`` (actor/ref forwards, its reward shaping and main advantages),
+        timed for the classmate metrics. Colocated, the classmate answers are gathered first and the classmate
+        engines sleep: the forwards need the memory."""
+        if stage is not None and self.colocated:
+            self._gather(stage, main_valid)
+        forward_at = time.time()
+        experiences = super().make_experience_batch(rollout_samples)
+        if stage is not None:
+            stage.forward_at, stage.forward_end = forward_at, time.time()
+        return experiences
+
+    def _gather(self, stage: _StageRun, main_valid) -> None:
+        """The classmate answers gathered and scored into ``stage.result``; the classmate engines sleep after."""
+        stage.result = self.stage.gather(stage.pending, stage.raw_main, main_valid)
+        if self.sleep:
             self._engines_call("sleep")
-            t_forward = time.time()
-            experiences = super().make_experience_batch(rollout_samples)
-            t_forward_end = time.time()
-            stage_time, overlap = t_forward - t_start, 0.0
+
+    def _gather_and_advantages(self, samples, experiences, stage: _StageRun | None, main_valid, step_metrics):
+        """Steps 3-4: a plain step's main advantages over the valid main scores; a classmate step's answers gathered
+        (beside the policy engines: after the forwards it overlapped), both streams' advantages, the classmate
+        tensors attached and the metrics logged."""
+        if stage is None:
+            if not main_valid.all():
+                self._mask_invalid_main(samples, experiences, main_valid)
+            self._log_main(experiences, main_valid, step_metrics)
+            return experiences
+        if stage.result is None:
+            self._gather(stage, main_valid)
+        result = stage.result
+        if self.colocated:
+            stage_time, overlap = stage.forward_at - stage.started_at, 0.0
         else:
-            t_forward = time.time()
-            experiences = super().make_experience_batch(rollout_samples)
-            t_forward_end = time.time()
-            result = self.stage.gather(pending, raw_main, main_valid)
-            if self.sleep:
-                self._engines_call("sleep")
-            stage_time = max(result.finished_at, t_forward) - t_start
-            overlap = max(0.0, min(t_forward_end, result.finished_at) - t_forward)
-        result.metrics["classmate/actor_ref_forward_time"] = t_forward_end - t_forward  # for the step-time bench
+            stage_time = max(result.finished_at, stage.forward_at) - stage.started_at
+            overlap = max(0.0, min(stage.forward_end, result.finished_at) - stage.forward_at)
+        # for the step-time bench
+        result.metrics["classmate/actor_ref_forward_time"] = stage.forward_end - stage.forward_at
         # what the classmate adds to the step's critical path: colocated, the whole stage; otherwise the wait for
         # the generation still running after the forwards, plus decoding and scoring the answers
-        result.metrics["classmate/wait_time"] = (t_forward - t_start if self.colocated
-                                                 else time.time() - t_forward_end)
+        result.metrics["classmate/wait_time"] = (stage.forward_at - stage.started_at if self.colocated
+                                                 else time.time() - stage.forward_end)
         # the requests went out per prompt group during the rollout (--classmate.dispatch group)
-        result.metrics["classmate/dispatched_per_group"] = float(per_group)
-        advantages, cot_masks, shaping = self._compute_classmate_advantages(
-            rollout_samples, experiences, main_valid, result
-        )
-        self._attach_classmate_tensors(experiences, rollout_samples, advantages, cot_masks, result)
+        result.metrics["classmate/dispatched_per_group"] = float(bool(getattr(stage.pending, "per_group", False)))
+        advantages, cot_masks, shaping = self._compute_classmate_advantages(samples, experiences, main_valid, result)
+        self._attach_classmate_tensors(experiences, samples, advantages, cot_masks, result)
         if not main_valid.all():
             self._mask_upstream_info(experiences, main_valid, advantages["main_scalar"], shaping["kl_return"],
                                      shaping["response"])
-        shaping["penalty"] = shaping.pop("main_rewards") - raw_main.double()
-        self._log_classmate_metrics(experiences, rollout_samples, advantages, cot_masks, main_valid, result,
+        shaping["penalty"] = shaping.pop("main_rewards") - stage.raw_main.double()
+        self._log_classmate_metrics(experiences, samples, advantages, cot_masks, main_valid, result,
                                     stage_time, overlap, shaping)
-        self._log_main(experiences, main_valid, hook_metrics)
+        self._log_main(experiences, main_valid, step_metrics)
         return experiences
 
     # ── advantages ──
@@ -367,26 +403,19 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         return advantages, cot_masks, shaping
 
     def _mask_invalid_main(self, samples, experiences, main_valid) -> None:
-        """Plain runs: invalid main scores leave every statistic of upstream's estimator (the group baselines, the
-        batch mean of ``flash_reinforce``, the whitening of ``reinforce`` / ``reinforce_baseline``) and get exactly
-        zero advantage (a placeholder 0 entered them upstream)."""
+        """Plain runs: upstream's estimator over the valid main scores only
+        (:func:`~openrlhf_classmate.algo.advantages.main_advantages_over_valid`), its advantages and logged
+        statistics replacing upstream's."""
         args = self.args
         estimator = args.algo.advantage.estimator
-        if estimator == "gae":  # refused at launch with the scorer-registry reward; another reward marked one invalid
-            from openrlhf_classmate.errors import TrainingStopped
-
-            raise TrainingStopped("error: a main score marked invalid (extra_logs main_valid = 0) reached "
-                                  "--algo.advantage.estimator gae, whose critic would learn its placeholder as a real "
-                                  "reward: use group_norm, dr_grpo, rloo, reinforce_baseline, reinforce or "
-                                  "flash_reinforce")
-        if estimator == "reinforce":
-            # no baseline: upstream's (discounted) returns are the advantages before its whitening
-            whitened = whiten_tokens(
-                torch.cat([exp.returns.flatten() for exp in experiences]),
-                torch.cat([(exp.action_mask.bool() & main_valid[torch.tensor(exp.index)].unsqueeze(1)).flatten()
-                           for exp in experiences]),
-                mode="mean" if args.algo.advantage.no_std_norm else "mean_std",
-            )
+        if estimator in ("gae", "reinforce"):  # gae: refused there (TrainingStopped)
+            # reinforce, no baseline: upstream's (discounted) returns are the advantages before its whitening
+            whitened = main_advantages_over_valid(
+                estimator, None, None, main_valid=main_valid,
+                returns=torch.cat([exp.returns.flatten() for exp in experiences]),
+                returns_mask=torch.cat([(exp.action_mask.bool() & main_valid[torch.tensor(exp.index)].unsqueeze(1))
+                                        .flatten() for exp in experiences]),
+                no_std_norm=args.algo.advantage.no_std_norm)["advantages"]
             for exp, rows in zip(experiences, whitened.split([exp.returns.numel() for exp in experiences])):
                 exp.advantages = rows.view_as(exp.returns).to(exp.advantages.dtype)
             self._mask_upstream_info(experiences, main_valid, None, None, None)
@@ -394,10 +423,8 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         action_masks = _pad_rows([s.action_mask[0].bool() for s in samples], fill=False)
         group = torch.arange(len(samples)) // args.rollout.n_samples_per_prompt
         upstream = self._upstream_inputs(samples, experiences, action_masks.shape[1])
-        if estimator == "flash_reinforce":  # one batch-wide group, mean baseline, no whitening
-            group, upstream["baseline"] = torch.zeros_like(group), "dr_grpo"
-        masked = compute_advantages("grpo", upstream.pop("main_rewards"), None, group, response_mask=action_masks,
-                                    cot_mask=torch.zeros_like(action_masks), main_valid=main_valid, **upstream)
+        masked = main_advantages_over_valid(estimator, upstream.pop("main_rewards"), group, main_valid=main_valid,
+                                            response_mask=action_masks, **upstream)
         for exp in experiences:
             index, width = torch.tensor(exp.index), exp.action_mask.shape[1]
             exp.advantages = masked["advantages"][index, :width].to(exp.advantages.dtype)

@@ -25,10 +25,7 @@
   key with a host-to-device and a device-to-host copy each (:func:`packable`). The values are upstream's bit for bit
   on one or two ranks (and for ``max`` on any number); on three or more, a sum's terms may be added in another order
   by the collective (gloo: 10 of 60 values differed in the last bit on 3 ranks), as for any change of tensor size.
-  ``OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS=1`` restores upstream's per-key path (and upstream's per-metric
-  ``.item()`` in ``ClassmateActorPPOTrainer.training_step``): the benchmark's before/after switch
-  (``bench/step_time.py``), never set in a training run. ``=alternate`` restores it on the actor updates of every
-  second pair of steps only (:func:`per_key_step`), so that one interleaved run times both paths;
+  Upstream's per-key path against this one is the before/after pair ``syncs`` of ``bench/GPU_RESULTS.md``;
 * its DeepSpeed configs turn on ``stage3_allgather_sequential`` on the CPU accelerator (ZeRO-3), the workaround of a
   DeepSpeed defect that loaded uninitialised memory into parameters (:func:`safe_gathers`).
 
@@ -46,7 +43,6 @@ import torch
 import torch.distributed as dist
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
-from openrlhf_classmate.integration.bench_switches import before_changes, before_path
 from openrlhf_classmate.integration.checkpoints import (
     begin_marked_save,
     choose_resume_tag,
@@ -56,37 +52,6 @@ from openrlhf_classmate.integration.checkpoints import (
     rotate_hf_folders,
     rotate_tags,
 )
-
-PER_KEY_SYNCS_ENV = "OPENRLHF_CLASSMATE_BENCH_PER_KEY_SYNCS"
-# the actor update this process is in (1, 2, ...; 0 before the first): ClassmateActorPPOTrainer.ppo_train sets it,
-# for PER_KEY_SYNCS_ENV=alternate. Other workers (reference, critic) never set it: their reductions stay batched.
-_train_step = 0
-
-
-def set_train_step(step: int) -> None:
-    """Called by the policy trainer as update ``step`` (its own count of ``ppo_train`` calls) starts."""
-    global _train_step
-    _train_step = step
-
-
-def per_key_step(step: int) -> bool:
-    """Under ``alternate``: whether update ``step`` takes upstream's per-key path: steps 1-2 batched, 3-4 per-key,
-    5-6 batched, 7-8 per-key, ... Under ``bench/step_time.py --interleave`` (odd steps GDPO, even GRPO) each kind
-    then alternates between the two paths from one of its steps to the next, and the two steps of a pair share one."""
-    return step >= 1 and (step - 1) // 2 % 2 == 1
-
-
-def per_key_syncs() -> bool:
-    """The benchmark switch (module docstring): upstream's per-key metric reads and reductions. ``1``: always;
-    ``alternate``: on the steps of :func:`per_key_step` (one answer for a whole update: the step changes only as the
-    next begins); unset or anything else: never. ``syncs`` in the benchmark's before list
-    (``bench_switches.BEFORE_ENV``) decides instead: the steps of its ``syncs`` path."""
-    if "syncs" in before_changes():  # the multi-change switch: the steps of its syncs path
-        return before_path(_train_step) == "syncs"
-    mode = os.environ.get(PER_KEY_SYNCS_ENV)
-    if mode == "alternate":
-        return per_key_step(_train_step)
-    return mode == "1"
 
 
 def packable(data) -> str | None:
@@ -141,7 +106,7 @@ def safe_gathers(ds_config: dict) -> dict:
 class ResilientDeepspeedStrategy(DeepspeedStrategy):
     def all_reduce(self, data, op="mean"):
         """Upstream's ``all_reduce``, with a :func:`packable` dict reduced in one collective (module docstring)."""
-        kind = None if per_key_syncs() else packable(data)
+        kind = packable(data)
         if kind is None:
             return super().all_reduce(data, op)
         assert op in ("mean", "max", "sum")
