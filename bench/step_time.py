@@ -1,4 +1,4 @@
-"""Step-time breakdown: a plain GRPO step vs a classmate GDPO step on the same hardware and batch (issue 13).
+"""Step-time breakdown: a plain GRPO step vs a classmate GDPO step on the same hardware and batch.
 
 Models: a policy and a classmate with Qwen2.5-0.5B's shapes (24 layers, hidden 896, 14 query / 2 key-value heads,
 MLP 4864, RoPE theta 1e6, tied embeddings, 494M parameters) and random weights, as Llama-architecture checkpoints
@@ -26,7 +26,7 @@ generation_time, score_time, stage_overlap_time, actor_ref_forward_time) and the
 (``actor_timing/fit``: the worker's own fit, ``actor_timing/micro_steps``: its micro-batches' training steps). Writes ``step_time_<N>gpu.json`` to
 ``--out`` and prints the table with the GDPO / GRPO ratio against the 1.25x target.
 
-Train-inference mismatch (issue 25): ``--mismatch on`` (the launcher's default) asks the policy engines for the
+Train-inference mismatch: ``--mismatch on`` (the launcher's default) asks the policy engines for the
 sampled tokens' log-probs and logs ``mismatch/*``; ``--mismatch off`` sends upstream's request unchanged
 (``--engine.no_mismatch_metrics``); ``--is-correction token`` adds upstream's ``--algo.advantage.is_correction_level
 token`` (upstream's own log-prob request, with ``--mismatch off``). The three variants keep separate work folders and
@@ -68,11 +68,11 @@ from openrlhf_classmate.integration.bench_switches import BEFORE_ENV as BENCH_BE
 from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
 from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
 
-# GDPO / GRPO step-time targets: one GPU runs the classmate stage between sleeping engines (issue 26), two GPUs
-# overlap it with the actor/ref forwards (issue 28)
+# GDPO / GRPO step-time targets: one GPU runs the classmate stage between sleeping engines, two GPUs overlap it with
+# the actor/ref forwards
 TARGETS = {1: 1.25, 2: 1.10}
-# issue 26: a call's ratio counts with at least this many steady steps of each kind, and two calls agree when their
-# ratios are at most AGREE apart
+# a call's ratio counts with at least this many steady steps of each kind, and two calls agree when their ratios are
+# at most AGREE apart
 MIN_STEADY = 8
 AGREE = 0.05
 QWEN25_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
