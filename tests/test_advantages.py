@@ -1,4 +1,5 @@
-"""Advantages of the classmate estimators (classmate_method.md §5, §12.2, §13; issue item 5)."""
+"""Advantages of the classmate estimators (the formulas of ``openrlhf_classmate/algo/advantages.py``), with a worked
+example in numbers."""
 
 import math
 import statistics
@@ -19,7 +20,7 @@ from openrlhf_classmate.algo.spans import cot_mask
 F64 = torch.float64
 TOL = dict(rtol=0, atol=1e-6)
 
-# §12: one prompt, 4 responses, width 8.
+# The worked example: one prompt, 4 responses (rows i0-i3), width 8.
 V = torch.tensor(
     [[1] * 8, [1] * 6 + [0] * 2, [1] * 8, [1] * 7 + [0]],
     dtype=torch.bool,
@@ -56,12 +57,12 @@ def _close(actual: torch.Tensor, expected) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# §12 worked example
+# The worked example
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def test_section_12_masks_rewards_chain():
-    """Token ids -> CoT masks -> classmate reward -> advantages, end to end on §12."""
+    """Token ids -> CoT masks -> classmate reward -> advantages, end to end on the worked example."""
     o, c, a, e, p = 100, 5, 6, 2, 0
     ids = torch.tensor(
         [[o, c, c, c, 101, a, a, e], [o, c, c, 101, a, e, p, p], [o, c, c, c, c, c, c, c], [o, c, 101, a, a, a, e, p]]
@@ -407,7 +408,7 @@ def test_group_std_matches_the_worked_example_and_masks_invalid_entries():
 
     rewards = torch.tensor([8.0, 3.0, 0.0, 5.0, 1.0, 1.0])
     group = torch.tensor([0, 0, 0, 0, 1, 1])
-    assert group_std(rewards, group).tolist()[:4] == pytest.approx([3.366502] * 4, abs=1e-6)  # §12.2 main σ
+    assert group_std(rewards, group).tolist()[:4] == pytest.approx([3.366502] * 4, abs=1e-6)  # the example's σ
     assert group_std(rewards, group).tolist()[4:] == [0.0, 0.0]
     valid = torch.tensor([True, True, False, False, True, False])
     out = group_std(rewards, group, valid=valid)
@@ -416,7 +417,7 @@ def test_group_std_matches_the_worked_example_and_masks_invalid_entries():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Whitening (reinforce_baseline) with invalid scores (issue 23 items 1, 2)
+# Whitening (reinforce_baseline) with invalid scores: left out of the statistics, not scored 0
 # ---------------------------------------------------------------------------------------------------------------
 
 

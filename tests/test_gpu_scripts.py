@@ -127,8 +127,8 @@ def test_step_time_mismatch_variants_parse_and_keep_apart():
 @pytest.mark.parametrize("placement, dispatch, per_group", [
     ("colocate", "auto", False), ("share", "auto", True), ("share", "batch", False), ("share", "group", True)])
 def test_step_time_dispatch_variants(placement, dispatch, per_group):
-    # issue 26: the classmate awake on the one GPU (share) with its requests sent per prompt group during the
-    # rollout, against the same layout sending them after the batch (one folder and JSON per variant)
+    # the classmate dispatch: the classmate awake on the one GPU (share) with its requests sent per prompt group
+    # during the rollout, against the same layout sending them after the batch (one folder and JSON per variant)
     from openrlhf_classmate.integration.classmate_config import dispatch_per_group
 
     step_time = _bench("step_time")
@@ -240,7 +240,7 @@ def test_interleaved_step_times_come_from_the_launchers_step_lines(tmp_path):
 
 
 def test_the_step_time_target_is_tighter_on_two_gpus():
-    # one GPU: the classmate stage runs between sleeping engines (1.25x); two: it overlaps the forwards (issue 28)
+    # one GPU: the classmate stage runs between sleeping engines (1.25x); two: it overlaps the forwards
     step_time = _bench("step_time")
     assert step_time.verdict(1.15, gpus=1) == "meets the 1.25x target"
     assert step_time.verdict(1.15, gpus=2) == "misses the 1.1x target"
@@ -414,7 +414,7 @@ def _call(ratio: float, paired: float, steady: int) -> dict:
 
 def test_calls_count_only_with_eight_steady_steps_and_agree_within_005():
     # 2026-11-28, one H100: two 10-minute calls logged 2-3 and 5 steady steps of each kind, ratios 0.993 and 1.063:
-    # neither is a figure (issue 26: at least 8 steady steps each), and 0.07 apart they would not agree either
+    # neither is a figure (a figure needs at least 8 steady steps each), and 0.07 apart they would not agree either
     step_time = _bench("step_time")
     short = step_time.combine_calls([_call(0.993, 1.037, 2), _call(1.063, 1.036, 5)])
     assert short["steady_steps"] == [2, 5] and short["ratios"] == [] and "calls_agree" not in short
@@ -495,7 +495,7 @@ def test_calls_of_an_earlier_machine_count_with_this_one():
 
 
 def test_the_committed_two_call_step_time_follows_from_its_steps():
-    # issue 26's figure (GDPO / GRPO 1.053 and 1.072, two H100 machines, 2026-11-28): each call's ratio is the ratio
+    # the step-time figure (GDPO / GRPO 1.053 and 1.072, two H100s, 2026-11-28): each call's ratio is the ratio
     # of the median step totals of its steady steps, recomputed here from the per-step seconds the JSON keeps
     step_time = _bench("step_time")
     path = os.path.join(REPO, "bench", "gpu_results", "wave8", "step_time_1gpu_interleaved_share.json")
@@ -513,7 +513,8 @@ def test_the_committed_two_call_step_time_follows_from_its_steps():
 
 
 def test_the_committed_before_after_pairs_follow_from_their_steps():
-    # issue 26's three pairs (one H200, 2026-11-28, 36 GDPO steps cycling after, dispatch, seeds, syncs): each
+    # the classmate stage's three before/after pairs (one H200, 2026-11-28, 36 GDPO steps cycling after, dispatch,
+    # seeds, syncs): each
     # figure is recomputed here from the per-step seconds the JSON keeps, the medians and each before step against
     # the after step that opened its cycle (1, 2 or 3 steps earlier)
     path = os.path.join(REPO, "bench", "gpu_results", "wave9",
@@ -581,7 +582,7 @@ def test_the_script_refuses_an_earlier_call_of_another_card_before_the_launcher(
     assert not (tmp_path / "work" / "interleaved_1gpu").exists()  # no launcher run was started
 
 
-# ── bench/capacity.py: what fits where (issue 40) ──
+# ── bench/capacity.py: what fits where ──
 
 @pytest.fixture(scope="module")
 def capacity():
@@ -589,7 +590,7 @@ def capacity():
 
 
 def test_every_capacity_cell_parses_with_the_gpus_it_names(capacity, gpu_validate):
-    # the whole grid of issue 40 (3 policies x 2 classmates x 2 lengths x 1-2 GPUs), each cell's launch passing the
+    # the whole grid (3 policies x 2 classmates x 2 lengths x 1-2 GPUs), each cell's launch passing the
     # launcher's own checks (upstream's batch arithmetic, the placement's bundles, the engines' memory sum)
     assert len(capacity.GRID) == len(set(capacity.GRID)) == 24 and set(capacity.ORDER) <= set(capacity.GRID)
     for name in capacity.GRID:

@@ -1,7 +1,8 @@
 """Group-normalised advantages for the classmate estimators.
 
-Spec: classmate_method.md §5 (the reference's estimators), §13 (HEAD's grpo_w_classmate and gdpo), §14.1; its worked
-example (§12.2) is in ``tests/test_advantages.py``. Every formula the code implements is written out below.
+The estimators are the reference implementation's (commit 030d0d13) and those of its later HEAD
+(``grpo_w_classmate`` and ``gdpo``); a worked example with numbers is in ``tests/test_advantages.py``. Every formula
+the code implements is written out below.
 
 Notation (per response i of a prompt group g): R^m = main reward, R^c = classmate reward, v = response mask,
 m = CoT mask (only its valid tokens are used: m := m ∧ v), ok^m / ok^c = validity of the main / classmate score
@@ -301,7 +302,8 @@ def compute_advantages(
     classmate_scalar_f64, classmate_defined = _baseline(valid_classmate_rewards, inverse, num_groups, classmate_ok,
                                                         baseline, eps)
     if estimator == "separated_non_neg":
-        # A^c := max(A^c, 0): a classmate that fails does not penalise the main model (spec §5.3)
+        # A^c := max(A^c, 0): a classmate that fails does not penalise the main model (the formula the
+        # reference left commented out for ``grpo_main_classmate_separated_non_neg_cl``)
         classmate_scalar_f64 = classmate_scalar_f64.clamp(min=0.0)
     # ... and in the output dtype, as placed on the tokens and returned for logging.
     main_scalar = main_scalar_f64.to(out_dtype)
@@ -322,7 +324,7 @@ def compute_advantages(
     elif estimator in ("gdpo", "gdpo_wo_bn"):
         # S = w_m·A^m + w_c·A^c
         weighted_sum = float(weights[0]) * main_scalar_f64 + float(weights[1]) * classmate_scalar_f64
-        if estimator == "gdpo":  # S_bn: HEAD's normalisation over the whole batch (spec §13)
+        if estimator == "gdpo":  # S_bn = (S - mean_batch S) / (std_batch S + eps): the reference HEAD's batch norm
             # a response with no advantage in either stream (no valid score, or none that its group could compare)
             # carries no signal: it stays 0 and leaves S_bn's mean and std
             active = main_defined | classmate_defined

@@ -93,7 +93,7 @@ def safe_gathers(ds_config: dict) -> dict:
     transformers skips the random init of weights it will load), and the broadcast that ends the context sends that
     to every rank. With the flag every gather goes through ``_allgather_params_sequential`` / the sequential fetch,
     one synchronous all-gather per parameter. Where the accelerator synchronises (GPUs) the config is unchanged.
-    Issue 23, item 5; ``tests/test_weight_check.py`` reproduces the race and checks the fix.
+    ``tests/test_weight_check.py`` reproduces the race and checks the fix.
     """
     from deepspeed.accelerator import get_accelerator
 
