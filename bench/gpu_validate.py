@@ -101,17 +101,13 @@ PLANS = {
 
 
 def gpus_needed(args) -> int:
-    """GPUs a parsed launch takes with vLLM engines: upstream gives the actor group, the reference group (unless
-    colocated with the actor), the policy engines (unless ``--train.colocate_all``) and the classmate engines of
-    placement ``separate`` one whole-GPU Ray bundle per rank; colocated and shared groups take none of their own."""
-    actor = args.actor.num_nodes * args.actor.num_gpus_per_node
-    colocated = args.train.colocate_actor_ref or args.train.colocate_all
-    ref = 0 if colocated or args.algo.kl.init_coef <= 0 else args.ref.num_nodes * args.ref.num_gpus_per_node
-    engines = 0 if args.train.colocate_all else args.vllm.num_engines * args.vllm.tensor_parallel_size
-    cm = args.classmate
-    classmate = (len(cm.model_name_or_path) * cm.num_engines * cm.tensor_parallel_size
-                 if cm.model_name_or_path and cm.placement == "separate" else 0)
-    return actor + ref + engines + classmate
+    """GPUs a parsed launch asks Ray for: the launcher's own count (``integration/layout.py``: upstream gives the
+    actor group, the reference group (unless colocated with the actor), the policy engines (unless
+    ``--train.colocate_all``) and the classmate engines of placement ``separate`` one whole-GPU Ray bundle per rank;
+    colocated and shared groups take none of their own; HF engines none at all)."""
+    from openrlhf_classmate.integration.layout import layout_of
+
+    return layout_of(args).total
 
 
 def too_few_gpus(run: Run, engine: str, device_gpus: int) -> str | None:

@@ -113,7 +113,10 @@ def test_method_choices_of_the_other_configs(tiny):
     assert _parse("warmup", tiny).data.prompt_dataset.endswith("warmup_train.jsonl")
     gdpo = _parse("classmate_gdpo", tiny)
     assert gdpo.classmate.estimator == "gdpo" and gdpo.classmate.loss == "auto"
-    assert gdpo.classmate.placement == "colocate" and gdpo.train.colocate_all
+    # placement auto: HF engines (CPU) take no GPU, separate; vLLM engines on the config's colocated GPUs: share
+    assert gdpo.classmate.placement == ("separate" if gdpo.engine.backend == "hf" else "share")
+    assert gdpo.train.colocate_all
+    assert _parse("classmate_gdpo", tiny, "--engine.backend", "vllm").classmate.placement == "share"
     sep = _parse("classmate_separated", tiny)
     assert sep.classmate.estimator == "separated" and list(sep.classmate.eps_clip_low_high) == [0.4, 0.4]
     assert _tree(os.path.join(REPO, "configs", "self_classmate.yaml"))["classmate"]["model_name_or_path"] == [

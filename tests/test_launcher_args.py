@@ -104,6 +104,7 @@ def test_values_set_for_the_user_are_logged_once_each(capsys):
         f"--engine.backend {args.engine.backend} (auto:",
         "--classmate.estimator gdpo (the default with a classmate)",
         "--classmate.max_context 1280 (--data.max_len 1024 + --classmate.max_new_tokens 256)",
+        f"--classmate.placement {args.classmate.placement} (auto:",  # HF engines (CPU): separate
     ]
     assert len(lines) == len(expected), lines
     for line, start in zip(lines, expected):
@@ -114,7 +115,7 @@ def test_values_the_user_gave_are_not_logged(capsys):
     parse_args(BASE + CLASSMATE + ["--reward.remote_url", "http://a:1/score", "--algo.advantage.estimator", "rloo",
                                    "--classmate.estimator", "grpo", "--classmate.max_context", "4096",
                                    "--classmate.classmate_think_open", "<t>", "--classmate.classmate_think_close",
-                                   "</t>", "--engine.backend", "hf"])
+                                   "</t>", "--engine.backend", "hf", "--classmate.placement", "separate"])
     assert "[openrlhf_classmate]" not in capsys.readouterr().err
 
 
@@ -230,7 +231,7 @@ def test_placements_that_fit_and_sampling_vllm_accepts_pass():
 
 
 @pytest.mark.parametrize("extra, per_group", [
-    ([], True),  # placement separate: the classmate engines are awake during the rollout
+    ([], True),  # placement auto: separate (HF engines) or share, the classmate engines awake during the rollout
     (["--classmate.placement", "share"], True),
     (["--classmate.placement", "share", "--classmate.enable_sleep"], False),
     (["--classmate.placement", "colocate", "--train.colocate_actor_ref"], False),

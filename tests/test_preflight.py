@@ -85,6 +85,7 @@ def test_check_reports_what_it_checked_and_warns_about_a_classmate_without_think
             "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--data.prompt_dataset", str(data),
             "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
             "--rollout.n_samples_per_prompt", "2", "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1",
+            "--train.batch_size", "4",  # one optimizer step per rollout of 2 x 2 samples
             "--ckpt.path", str(tmp_path / "ckpt"), "--classmate.model_name_or_path", policy,
             "--classmate.classmate_think_open", "<reason>", "--classmate.classmate_think_close", "</reason>"]
     train_ppo_ray.main(argv)
@@ -144,8 +145,8 @@ def _launch_argv(tmp_path) -> list[str]:
     return ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
             "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
             "--data.label_key", "label", "--data.apply_chat_template", "--rollout.n_samples_per_prompt", "2",
-            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--algo.advantage.estimator",
-            "group_norm"]
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--train.batch_size", "4",
+            "--algo.advantage.estimator", "group_norm"]
 
 
 def test_a_launch_with_load_enable_says_on_stderr_when_it_starts_fresh_and_refuses_a_folder_without_a_tag(
@@ -203,7 +204,8 @@ def test_content_parts_pass_where_the_chat_template_renders_them(tmp_path, capsy
                         "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--data.prompt_dataset", str(data),
                         "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
                         "--rollout.n_samples_per_prompt", "2", "--rollout.batch_size", "2",
-                        "--rollout.micro_batch_size", "1", "--classmate.model_name_or_path", policy])
+                        "--rollout.micro_batch_size", "1", "--train.batch_size", "4",
+                        "--classmate.model_name_or_path", policy])
     out, err = capsys.readouterr()
     assert out.strip().endswith("check passed: the run would start"), err
 
@@ -264,7 +266,8 @@ def test_eval_rows_are_not_checked_against_the_classmate_scorer(tmp_path, capsys
     argv = ["--check", *BASE, *CLASSMATE, "--actor.model_name_or_path", policy, "--classmate.model_name_or_path",
             policy, "--data.prompt_dataset", rows("train.jsonl", "2"), "--eval.dataset", rows("eval.jsonl", "2.5"),
             "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
-            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--ckpt.path", str(tmp_path / "ckpt"),
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--train.batch_size", "4",
+            "--ckpt.path", str(tmp_path / "ckpt"),
             "--classmate.scorer", "arithmetic"]
     train_ppo_ray.main(argv)
     assert capsys.readouterr().out.strip().endswith("check passed: the run would start")

@@ -221,6 +221,7 @@ def _check_argv(policy: str, data: str) -> list[str]:
             "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--data.prompt_dataset", data,
             "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
             "--rollout.n_samples_per_prompt", "2", "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1",
+            "--train.batch_size", "4",  # one optimizer step per rollout of 2 x 2 samples
             "--classmate.model_name_or_path", policy]
 
 

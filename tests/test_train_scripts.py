@@ -214,6 +214,8 @@ if [[ " $* " == *" --check "* ]]; then
   [[ "${FAKE_CHECK_STATUS:-0}" == 0 ]] || echo "error: --classmate.top_p must be in (0, 1], got 0.0" >&2
   exit "${FAKE_CHECK_STATUS:-0}"
 fi
+# lib.sh's small helper programs (script_helpers: the micro-batch fit) run on the real python
+if [[ "${2:-}" == openrlhf_classmate.script_helpers ]]; then exec "@REAL_PYTHON@" "$@"; fi
 printf '%s\n' "$@" > "$FAKE_PYTHON_RECORD"
 echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >> "$FAKE_PYTHON_RECORD.env"
 exit "${FAKE_PYTHON_STATUS:-0}"
@@ -234,7 +236,7 @@ def fakes(tmp_path):
     vllm = tmp_path / "fake_vllm.py"
     vllm.write_text(FAKE_VLLM)
     python = tmp_path / "fake_python"
-    python.write_text(FAKE_PYTHON)
+    python.write_text(FAKE_PYTHON.replace("@REAL_PYTHON@", sys.executable))
     python.chmod(0o755)
     return {"VLLM_BIN": f"{sys.executable} {vllm}", "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
             "FAKE_PYTHON": str(python), "FAKE_PYTHON_RECORD": str(tmp_path / "launcher_args.txt")}
@@ -598,8 +600,54 @@ def test_dry_run_on_a_ray_cluster_submits_a_job(tiny):
     args = parse_args(_launcher_flags(cmd[sep + 1:]))
     assert args.actor.num_nodes == 2 and args.actor.num_gpus_per_node == 8 and args.vllm.num_engines == 16
     assert args.classmate.num_engines == 16
+    # 16 actor GPUs: the config's 16 samples per GPU and micro-batch would be 0.5 micro-batches per optimizer step of
+    # 128 (DeepSpeed asserted after Ray had started): 8 per GPU; the global sizes stay the config's
+    assert (args.train.micro_batch_size, args.train.batch_size, args.rollout.batch_size) == (8, 128, 64)
+    assert runtime_env["env_vars"]["OPENRLHF_CLASSMATE_GPUS"] == "16"  # the launcher counts its layout against it
     assert args.classmate.judge_base_url == "http://10.0.0.1:8000/v1"  # reachable from the other nodes
     assert "--host 0.0.0.0" in servers[0]
+
+
+def test_classmate_engines_are_sized_by_where_they_run():
+    snippet = 'setup_gpus; use_classmate; echo "$OPENRLHF_CLASSMATE_GPUS|${RUN_ARGS[*]}"'
+    eight = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CLASSMATE_MODEL": "Qwen/Qwen3-0.6B"}
+    # beside the policy engines (the default): one classmate engine per training GPU, the config's placement (auto)
+    total, flags = _bash(snippet, eight).stdout.strip().split("|")
+    assert total == "8" and "--actor.num_gpus_per_node 8" in flags and "--vllm.num_engines 8" in flags
+    assert "--classmate.num_engines 8" in flags and "--classmate.placement" not in flags
+    # CLASSMATE_GPUS=N: N GPUs of each node for classmate engines of their own, the actor on the others
+    total, flags = _bash(snippet, {**eight, "CLASSMATE_GPUS": "2", "NNODES": "2"}).stdout.strip().split("|")
+    assert total == "16" and "--actor.num_nodes 2 --actor.num_gpus_per_node 6" in flags
+    assert "--vllm.num_engines 12" in flags and "--classmate.placement separate --classmate.num_engines 4" in flags
+    proc = _bash(snippet, {**eight, "CLASSMATE_GPUS": "8"})
+    assert proc.returncode == 1 and "CLASSMATE_GPUS=8 leaves none of the GPUS_PER_NODE=8 GPUs" in proc.stderr
+
+
+def test_placement_separate_through_a_script_needs_gpus_of_its_own(tiny):
+    # one classmate engine per GPU with placement separate asked Ray for twice the node's GPUs, and Ray waited
+    env = {"MODEL": tiny["policy"], "CLASSMATE_MODEL": tiny["classmate"], "DATA": tiny["data"], "EVAL_DATA": "",
+           "GPUS_PER_NODE": "2"}
+    proc, checks = _script_with_recorded_preflight("classmate_gsm8k", env, "--classmate.placement", "separate")
+    assert proc.returncode == 1 and checks == [] and "openrlhf_classmate.cli.train_ppo_ray" not in proc.stdout
+    assert "error: --classmate.placement separate gives each classmate engine a GPU of its own, but all 2 GPUs " \
+           "train here: set CLASSMATE_GPUS=N" in proc.stderr
+    proc, _ = _script_with_recorded_preflight("classmate_gsm8k", {**env, "CLASSMATE_GPUS": "1"},
+                                              "--classmate.placement", "share")
+    assert proc.returncode == 1 and "CLASSMATE_GPUS=1 keeps GPUs of each node for the classmate engines" in proc.stderr
+    cmd, _, report = _dry_run("classmate_gsm8k", {**env, "CLASSMATE_GPUS": "1"}, "--classmate.placement", "separate")
+    args = parse_args(_launcher_flags(cmd))
+    assert (args.actor.num_gpus_per_node, args.vllm.num_engines, args.classmate.num_engines) == (1, 1, 1)
+    assert "layout: 1 GPU(s) (1 for the actor) asked of Ray, of 2 available (OPENRLHF_CLASSMATE_GPUS=2)" in report
+
+
+def test_a_server_on_the_training_gpus_is_counted_by_placement_auto(tiny):
+    env = {"MODEL": tiny["policy"], "CLASSMATE_MODEL": tiny["classmate"], "DATA": tiny["judge_data"],
+           "EVAL_DATA": "", "GPUS_PER_NODE": "1", "JUDGE_PORT": "8124"}
+    _, checks = _script_with_recorded_preflight("classmate_gdpo", env)
+    assert checks[0]["env"]["OPENRLHF_CLASSMATE_SERVER_GPU_MEMORY"] == "0.2"  # the judge's fraction of the GPU
+    _, checks = _script_with_recorded_preflight("classmate_gdpo", {**env, "CUDA_VISIBLE_DEVICES": "0,1",
+                                                                   "SERVER_GPUS": "1"})
+    assert "OPENRLHF_CLASSMATE_SERVER_GPU_MEMORY" not in checks[0]["env"]  # a GPU of its own
 
 
 def test_convert_checkpoint_script_usage():

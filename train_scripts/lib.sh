@@ -19,9 +19,17 @@
 #   GPUS_PER_NODE         GPUs per node for training (default: detected: CUDA_VISIBLE_DEVICES, else nvidia-smi,
 #                         minus SERVER_GPUS)
 #   NNODES                nodes (default 1); more than one needs a Ray cluster (RAY_ADDRESS)
+#                         The launcher counts the GPUs its layout asks Ray for against NNODES x GPUS_PER_NODE
+#                         (exported as OPENRLHF_CLASSMATE_GPUS) and refuses in one line a layout that does not fit.
+#   CLASSMATE_GPUS        GPUs of each node kept for the classmate engines (default 0). 0: the classmate engines run
+#                         beside the policy engines, one per CLASSMATE_TP training GPUs (--classmate.placement auto
+#                         resolves to share there, or to colocate where the engines' and servers' memory fractions
+#                         do not fit one GPU); N > 0: --classmate.placement separate with N GPUs of each node for
+#                         them, and the actor, reference and policy engines train on the other GPUS_PER_NODE - N
 #   VLLM_TP, CLASSMATE_TP tensor-parallel size of each policy / classmate vLLM engine (default 1)
 #   SERVER_GPUS           GPUs at the end of this node's list reserved for the servers the script starts (default 0:
-#                         the servers share the training GPUs with a small memory fraction)
+#                         the servers share the training GPUs with a small memory fraction, exported summed as
+#                         OPENRLHF_CLASSMATE_SERVER_GPU_MEMORY: placement auto counts it beside the engines)
 #   SERVER_HOST           host in the server URLs (default 127.0.0.1; this node's IP when RAY_ADDRESS is set)
 #   SERVER_BIND           address the servers listen on (default 127.0.0.1; 0.0.0.0 when RAY_ADDRESS is set)
 #   SERVER_READY_TIMEOUT  seconds to wait for GET <url>/models (default 900: the first start downloads the model)
@@ -56,6 +64,7 @@ WARMUP_MODEL="${WARMUP_MODEL:-$RUNS_DIR/warmup/final}"
 PUBLISHED_WARMUP_MODEL="LorenaYannnnn/20260217-Qwen3-0.6B_grpo_warmup_16000_episodes_seed_42"
 
 RUN_ARGS=()      # flags added by setup_gpus / use_* helpers, passed to the launcher before the script's arguments
+SERVER_GPU_MEMORY=0  # summed --gpu-memory-utilization of the servers this script starts on the training GPUs
 SERVER_PIDS=()   # process-group leaders of the servers this script started
 PENDING_SERVERS=()  # shell-quoted _start_and_wait calls, run by run_config after the preflight
 _TRAP_INSTALLED=0
@@ -150,16 +159,19 @@ require_count() {
   fi
 }
 
-# setup_gpus: sets GPUS_PER_NODE (training), NNODES, TOTAL_GPUS and, with SERVER_GPUS > 0, TRAIN_CUDA_DEVICES /
-# SERVER_CUDA_DEVICES; adds the placement flags (actor, ref, policy vLLM engines) to RUN_ARGS.
+# setup_gpus: sets GPUS_PER_NODE (training), NNODES, TOTAL_GPUS, ACTOR_GPUS (TOTAL_GPUS without CLASSMATE_GPUS) and,
+# with SERVER_GPUS > 0, TRAIN_CUDA_DEVICES / SERVER_CUDA_DEVICES; adds the placement flags (actor, ref, policy vLLM
+# engines) to RUN_ARGS and exports OPENRLHF_CLASSMATE_GPUS.
 setup_gpus() {
   local ids=() detected
   mapfile -t ids < <(visible_gpus)
   detected=${#ids[@]}
   SERVER_GPUS="${SERVER_GPUS:-0}"
+  CLASSMATE_GPUS="${CLASSMATE_GPUS:-0}"
   NNODES="${NNODES:-1}"
   VLLM_TP="${VLLM_TP:-1}"
   require_count SERVER_GPUS "$SERVER_GPUS" 0
+  require_count CLASSMATE_GPUS "$CLASSMATE_GPUS" 0
   require_count NNODES "$NNODES" 1
   require_count VLLM_TP "$VLLM_TP" 1
   if [[ -n "${GPUS_PER_NODE:-}" ]]; then require_count GPUS_PER_NODE "$GPUS_PER_NODE" 1; fi
@@ -189,22 +201,68 @@ setup_gpus() {
     SERVER_CUDA_DEVICES=$(IFS=,; echo "${ids[*]:n-SERVER_GPUS:SERVER_GPUS}")
   fi
   TOTAL_GPUS=$((NNODES * GPUS_PER_NODE))
-  if ((TOTAL_GPUS % VLLM_TP != 0)); then die "VLLM_TP=$VLLM_TP does not divide the $TOTAL_GPUS training GPUs"; fi
-  log "training on $NNODES node(s) x $GPUS_PER_NODE GPU(s)${SERVER_CUDA_DEVICES:+; servers on GPU(s) $SERVER_CUDA_DEVICES}"
-  RUN_ARGS+=(--actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
-    --ref.num_nodes "$NNODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
-    --vllm.num_engines "$((TOTAL_GPUS / VLLM_TP))" --vllm.tensor_parallel_size "$VLLM_TP")
+  if ((CLASSMATE_GPUS >= GPUS_PER_NODE)); then
+    die "CLASSMATE_GPUS=$CLASSMATE_GPUS leaves none of the GPUS_PER_NODE=$GPUS_PER_NODE GPUs of each node to train on"
+  fi
+  local actor_per_node=$((GPUS_PER_NODE - CLASSMATE_GPUS))
+  ACTOR_GPUS=$((NNODES * actor_per_node))
+  if ((ACTOR_GPUS % VLLM_TP != 0)); then die "VLLM_TP=$VLLM_TP does not divide the $ACTOR_GPUS training GPUs"; fi
+  # the launcher counts the GPUs of its layout against these (a Ray cluster would also count SERVER_GPUS as free)
+  export OPENRLHF_CLASSMATE_GPUS=$TOTAL_GPUS
+  RAY_JOB_ENV_VARS="${RAY_JOB_ENV_VARS:-} OPENRLHF_CLASSMATE_GPUS"
+  log "training on $NNODES node(s) x $actor_per_node GPU(s)${SERVER_CUDA_DEVICES:+; servers on GPU(s) $SERVER_CUDA_DEVICES}$(
+    ((CLASSMATE_GPUS)) && echo "; classmate engines on $CLASSMATE_GPUS GPU(s) of each node")"
+  RUN_ARGS+=(--actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$actor_per_node"
+    --ref.num_nodes "$NNODES" --ref.num_gpus_per_node "$actor_per_node"
+    --vllm.num_engines "$((ACTOR_GPUS / VLLM_TP))" --vllm.tensor_parallel_size "$VLLM_TP")
 }
 
-# use_classmate: adds the classmate model and one classmate engine per CLASSMATE_TP training GPUs to RUN_ARGS.
+# use_classmate: adds the classmate model and its engines to RUN_ARGS, sized by where they run: with CLASSMATE_GPUS=0
+# one engine per CLASSMATE_TP training GPUs, beside the policy engines (the config's placement: auto, which resolves
+# to share there; colocate fits too); with CLASSMATE_GPUS=N, --classmate.placement separate and one engine per CLASSMATE_TP of the N GPUs kept
+# on each node (setup_gpus gave the actor the others). Separate engines on the training GPUs would ask Ray for twice
+# the node's GPUs and wait forever.
 use_classmate() {
   CLASSMATE_TP="${CLASSMATE_TP:-1}"
   require_count CLASSMATE_TP "$CLASSMATE_TP" 1
-  if ((TOTAL_GPUS % CLASSMATE_TP != 0)); then die "CLASSMATE_TP=$CLASSMATE_TP does not divide the $TOTAL_GPUS training GPUs"; fi
-  local classmate
+  USES_CLASSMATE=1
+  local gpus=$ACTOR_GPUS where=() classmate
+  if ((CLASSMATE_GPUS > 0)); then
+    gpus=$((NNODES * CLASSMATE_GPUS))
+    where=(--classmate.placement separate)
+  fi
+  if ((gpus % CLASSMATE_TP != 0)); then die "CLASSMATE_TP=$CLASSMATE_TP does not divide the $gpus GPUs of the classmate engines"; fi
   classmate=$(model_path CLASSMATE_MODEL "${CLASSMATE_MODEL:-}") || exit 1
-  RUN_ARGS+=(--classmate.model_name_or_path "$classmate"
-    --classmate.num_engines "$((TOTAL_GPUS / CLASSMATE_TP))" --classmate.tensor_parallel_size "$CLASSMATE_TP")
+  RUN_ARGS+=(--classmate.model_name_or_path "$classmate" "${where[@]}"
+    --classmate.num_engines "$((gpus / CLASSMATE_TP))" --classmate.tensor_parallel_size "$CLASSMATE_TP")
+}
+
+# flag_value FLAG ARGS...: the value of the last FLAG in ARGS (--flag VALUE or --flag=VALUE), or nothing.
+flag_value() {
+  local flag=$1 value="" prev="" arg
+  shift
+  for arg in "$@"; do
+    if [[ "$prev" == "$flag" ]]; then value=$arg; fi
+    if [[ "$arg" == "$flag="* ]]; then value=${arg#*=}; fi
+    prev=$arg
+  done
+  printf '%s\n' "$value"
+}
+
+# check_classmate_gpus FLAGS...: the script's flags against CLASSMATE_GPUS (the engines were sized by it).
+check_classmate_gpus() {
+  local placement
+  placement=$(flag_value --classmate.placement "$@")
+  if [[ -z "${USES_CLASSMATE:-}" ]]; then
+    ((${CLASSMATE_GPUS:-0} == 0)) || die "CLASSMATE_GPUS=$CLASSMATE_GPUS keeps GPUs for classmate engines, but this run has no classmate: unset it"
+    return 0
+  fi
+  if [[ "$placement" == separate ]] && ((CLASSMATE_GPUS == 0)); then
+    die "--classmate.placement separate gives each classmate engine a GPU of its own, but all $TOTAL_GPUS GPUs train here: set CLASSMATE_GPUS=N to keep N GPUs of each node for them (the others train), or leave the placement to auto (the classmate engines beside the policy engines)"
+  fi
+  if [[ "$placement" == share || "$placement" == colocate ]] && ((CLASSMATE_GPUS > 0)); then
+    die "CLASSMATE_GPUS=$CLASSMATE_GPUS keeps GPUs of each node for the classmate engines (placement separate), but --classmate.placement $placement puts them on the training GPUs: drop one of the two"
+  fi
 }
 
 # ── servers ────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -372,6 +430,16 @@ queue_server() {
   printf -v call '%q ' _start_and_wait "$@"
   PENDING_SERVERS+=("$call")
   SERVER_URL=$(_server_url "$2")
+  if ((${SERVER_GPUS:-0} == 0)); then
+    # on the training GPUs the server holds its fraction beside the engines all run long: the launcher's placement
+    # auto counts it (a classmate engine awake beside the policy engines would otherwise not fit); summed, an upper
+    # bound where the servers are spread over several GPUs
+    local memory
+    memory=$(flag_value --gpu-memory-utilization "$@")
+    SERVER_GPU_MEMORY=$(awk -v a="$SERVER_GPU_MEMORY" -v b="${memory:-0}" 'BEGIN { print a + b }')
+    export OPENRLHF_CLASSMATE_SERVER_GPU_MEMORY=$SERVER_GPU_MEMORY
+    RAY_JOB_ENV_VARS="${RAY_JOB_ENV_VARS:-} OPENRLHF_CLASSMATE_SERVER_GPU_MEMORY"
+  fi
 }
 
 _start_and_wait() {
@@ -580,7 +648,8 @@ preflight() {
 }
 
 # run_config NAME [FLAGS...]: preflight, start the queued servers, then launch with configs/NAME.yaml, the paths
-# (MODEL, DATA, EVAL_DATA, OUTPUT_DIR), RUN_ARGS, then FLAGS. EVAL_DATA="" turns evaluation off.
+# (MODEL, DATA, EVAL_DATA, OUTPUT_DIR), the config's micro-batch sizes fitted to the actor GPUs, RUN_ARGS, then
+# FLAGS. EVAL_DATA="" turns evaluation off.
 run_config() {
   local name=$1
   shift
@@ -592,6 +661,15 @@ run_config() {
   if [[ -n "${EVAL_DATA:-}" ]]; then eval_data=$(data_path EVAL_DATA "$EVAL_DATA") || exit 1; fi
   args=(--config "$config" --actor.model_name_or_path "$model" --data.prompt_dataset "$data" --eval.dataset "$eval_data")
   args+=(--ckpt.path "$out/ckpt" --ckpt.output_dir "$out/final" --logger.tensorboard_dir "$out/tensorboard")
+  check_classmate_gpus "$@"
+  # the configs' batch sizes are global (the algorithm's) and their micro-batch sizes per GPU: on more actor GPUs the
+  # micro-batches shrink until each GPU gets a whole number of them per optimizer step (integration/layout.py:
+  # fit_micro_batches; a micro-batch size among FLAGS is kept); the preflight refuses what no micro-batch size fixes
+  if [[ -n "${ACTOR_GPUS:-}" ]]; then
+    local fitted=()
+    mapfile -t fitted < <(_helper fit-micro-batches "$config" "$ACTOR_GPUS" "${RUN_ARGS[@]}" "$@")
+    args+=("${fitted[@]}")
+  fi
   preflight "${args[@]}" "${RUN_ARGS[@]}" "$@"
   is_dry_run || mkdir -p "$out"
   start_pending_servers

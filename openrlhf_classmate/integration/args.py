@@ -33,7 +33,8 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
     exec upstream's statements after parse_args(),     -> hierarchize (nested args.actor.adam.lr) and upstream's
       except the final train(args)                        checks; an AssertionError becomes a ConfigError
     check_flag_groups                                  -> every number of our groups inside its field's range
-    resolve_classmate_args -> validate_classmate_args  -> our derived values (logged), then our checks
+    resolve_classmate_args -> validate_classmate_args  -> our derived values (logged; --classmate.placement auto
+                                                          against the GPUs: integration/layout.py), then our checks
     validate_model_options                             -> --ds.lora / ring_attn / tensor_parallel / liger: refused
                                                           where they cannot work (integration/model_options.py)
     validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the

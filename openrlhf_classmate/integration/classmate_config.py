@@ -25,10 +25,11 @@ from openrlhf_classmate.algo.classmate_reward import CONDITIONS
 from openrlhf_classmate.algo.losses import LOSS_AGG_MODES
 from openrlhf_classmate.algo.spans import TRUNCATION_MODES
 from openrlhf_classmate.config_fields import POSITIVE_INT, REQUEST_TIMEOUT_S, Bound, add_dataclass_group
+from openrlhf_classmate.integration.layout import AUTO_RULE, resolve_placement
 
 SEPARATED_ESTIMATORS = ("separated", "separated_non_neg")
 LOSSES = ("auto", "separated", "vanilla_classmate")
-PLACEMENTS = ("separate", "colocate", "share")
+PLACEMENTS = ("auto", "separate", "colocate", "share")
 DISPATCH_MODES = ("auto", "group", "batch")
 REWARD_FUNC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reward_func.py")
 
@@ -62,13 +63,14 @@ class ClassmateConfig:
                   "range": Bound(0, 1, lo_open=True)},
     )
     placement: str = field(
-        default="separate",
+        default="auto",
         metadata={
-            "help": "separate: own GPUs; colocate: the actor/ref placement group (needs --train.colocate_actor_ref "
-            "or --train.colocate_all; forces --classmate.enable_sleep); share: the policy engines' GPUs (needs "
-            "--vllm.num_engines > 0; awake through the step at --classmate.gpu_memory_utilization, so its generation "
-            "runs during the rollout: on one H100 a GDPO step took 1.05-1.07x a GRPO step with share, 1.31x with "
-            "colocate, README 'one GPU')",
+            "help": "Where the classmate engines run. separate: GPUs of their own; colocate: the actor/ref placement "
+            "group (needs --train.colocate_actor_ref or --train.colocate_all; forces --classmate.enable_sleep); "
+            "share: the policy engines' GPUs (needs --vllm.num_engines > 0; awake through the step at "
+            "--classmate.gpu_memory_utilization, so its generation runs during the rollout: on one H100 a GDPO step "
+            "took 1.05-1.07x a GRPO step with share, 1.31x with colocate, README 'one GPU'); auto: "
+            + AUTO_RULE + " (the choice is logged at launch; README 'Where the classmate runs')",
             "choices": PLACEMENTS,
         },
     )
@@ -449,6 +451,7 @@ def resolve_classmate_args(args: SimpleNamespace) -> None:
         cfg.max_context = args.data.max_len + cfg.max_new_tokens
         log_resolved(f"--classmate.max_context {cfg.max_context} (--data.max_len {args.data.max_len} + "
                      f"--classmate.max_new_tokens {cfg.max_new_tokens})")
+    resolve_placement(args)  # auto: after the backend (HF engines take no GPU), before the checks of the placement
 
 
 def validate_classmate_args(args: SimpleNamespace) -> None:

@@ -6,6 +6,8 @@ is one :class:`PreflightError` line naming the flag, the file (and line) or the 
 
 * every number of our flag groups finite and in its field's range (``config_fields.field_problem``), the scorer
   and judge flags, and the upstream counts and step intervals that would only fail (or hang) later;
+* the layout and the batch arithmetic (:mod:`openrlhf_classmate.integration.layout`): the GPUs the groups ask Ray
+  for against the GPUs available, and the batch sizes against the micro-batches and the actor GPUs;
 * no classmate-only option without a classmate (it would be ignored), and the two engine groups' memory fractions
   summing below 1 where they share GPUs;
 * model and classmate paths: a local model folder with ``config.json``, or something that looks like a hub id; no
@@ -453,6 +455,9 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     check_ranges(args)
     check_classmate_only_flags(args)
     check_engine_memory(args)
+    from openrlhf_classmate.integration.layout import check_launch
+
+    check_launch(args, report)  # the GPUs the layout asks for, the batch arithmetic on the actor GPUs
     check_scorer_flags(args)
     check_judge_flags(args)
     check_estimator_masks_invalid_scores(args)
