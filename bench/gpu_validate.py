@@ -84,7 +84,7 @@ RUNS = {
     "zero3_gdpo_colocate_2gpu": Run(2, "vllm", 3, "gdpo", COLOCATE_ALL + CLASSMATE_COLOCATE
                                     + ["--classmate.num_engines", "2"], policy_engines=2, classmate_engines=2,
                                     actor_gpus=2, estimate_s=270),
-    # issue 28's deployment shape, --classmate.placement separate (engines of their own: one whole GPU each, so
+    # the deployment shape of the reference implementation, --classmate.placement separate (engines of their own: one whole GPU each, so
     # it cannot fit two GPUs): actor + ref on GPU 0, the policy engine on GPU 1 (NCCL broadcast across GPUs), the
     # classmate engine on GPU 2, its generation overlapping the actor/ref forwards; 3 GPUs (kind nvidia-h200-x4)
     "zero2_gdpo_separate_3gpu": Run(3, "vllm", 2, "gdpo", CLASSMATE_SEPARATE, expect_overlap=True),

@@ -530,8 +530,7 @@ def test_whitening_without_a_scored_token_gives_zeros():
 def test_upstreams_estimators_over_valid_main_scores_only():
     # plain runs (ClassmateExperienceMaker._mask_invalid_main): an invalid main score leaves every statistic and gets
     # exactly 0; the experience maker's tests check the same against upstream's own tensors
-    from openrlhf_classmate.algo.advantages import main_advantages_over_valid
-    from openrlhf_classmate.errors import TrainingStopped
+    from openrlhf_classmate.algo.advantages import GaeWithInvalidScoreError, main_advantages_over_valid
 
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.25], dtype=torch.float64)
     group = torch.arange(8) // 4
@@ -558,5 +557,5 @@ def test_upstreams_estimators_over_valid_main_scores_only():
                                           returns_mask=token_ok)
     assert whitened["main_scalar"] is None
     torch.testing.assert_close(whitened["advantages"], whiten_tokens(returns, token_ok, mode="mean_std"))
-    with pytest.raises(TrainingStopped, match="reached --algo.advantage.estimator gae"):
+    with pytest.raises(GaeWithInvalidScoreError, match="reached --algo.advantage.estimator gae"):
         main_advantages_over_valid("gae", rewards, group, main_valid=valid, response_mask=mask)

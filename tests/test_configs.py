@@ -83,12 +83,12 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 def test_reproduce_reference_maps_the_reference_hyperparameters(tiny):
     a = _parse("classmate_reproduce_reference", tiny)
     c = a.classmate
-    # method (classmate_method.md §5.2, §6.1, §6.2)
+    # method: the reference's estimator (separated), loss (vanilla_classmate) and aggregation
     assert c.loss == "vanilla_classmate" and c.estimator == "separated" and c.prompt_mode == "splice"
     assert c.loss_agg_mode == "seq-mean-token-sum-norm" and a.algo.advantage.estimator == "dr_grpo"
     assert c.condition == "always" and c.token_mode == "classmate_partial" and c.truncation == "vanilla"
     assert c.reward_weight == 1.0 and c.samples == 1 and len(c.model_name_or_path) == 1
-    # §10 hyper-parameters
+    # the reference scripts' hyper-parameters
     assert a.actor.adam.lr == pytest.approx(1e-5) and a.actor.lr_scheduler == "constant"
     assert list(a.actor.adam.betas) == [0.9, 0.999] and a.actor.adam.weight_decay == pytest.approx(0.01)
     assert a.actor.max_norm == 1.0 and a.actor.lr_warmup_ratio == 0.0

@@ -118,7 +118,7 @@ def test_hf_engine_refuses_a_batch_that_would_never_run(tmp_path):
 
 
 def test_gae_is_refused_where_the_registry_reward_can_mark_scores_invalid():
-    # issue 23 item 1: gae's critic would regress on a failed score's placeholder 0; the other estimators mask it
+    # gae's critic would regress on a failed score's placeholder 0; the other estimators mask it
     base = ["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl"]
     with pytest.raises(PreflightError, match=r"^--algo.advantage.estimator gae \(upstream's default\) trains its "
                                              r"critic on every score.*: set --algo.advantage.estimator group_norm"):
@@ -230,7 +230,7 @@ def test_a_fresh_run_into_a_folder_of_earlier_checkpoints_is_refused_before_ray(
     assert len(launched) == 2
 
 
-# issue 43 §3-§4: the scorers a row meets, classmate-only flags, engines' memory, the sandbox request's time limit
+# the scorers a row meets, classmate-only flags, engines' memory, the sandbox request's time limit
 BASE = ["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl", "--actor.num_gpus_per_node", "1",
         "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--rollout.n_samples_per_prompt", "2"]
 CLASSMATE = ["--classmate.model_name_or_path", "c"]

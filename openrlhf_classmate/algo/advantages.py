@@ -382,6 +382,10 @@ def _check_scalars_finite(result: dict[str, torch.Tensor]) -> None:
 VALID_ONLY_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline", "reinforce", "flash_reinforce")
 
 
+class GaeWithInvalidScoreError(ValueError):
+    """A failed (invalid) main score reached ``gae``, which cannot leave it out."""
+
+
 def main_advantages_over_valid(
     estimator: str,
     main_rewards: torch.Tensor | None,
@@ -407,14 +411,13 @@ def main_advantages_over_valid(
       estimator reads (``baseline``, ``kl_return``, ``main_clip``, ``whiten``, ``eps``); ``flash_reinforce``: one
       batch-wide group with the mean baseline (``dr_grpo``), no whitening. Returns :func:`compute_advantages`'s dict.
 
-    ``gae`` raises :class:`~openrlhf_classmate.errors.TrainingStopped`: its critic would learn the placeholder."""
+    ``gae`` raises :class:`GaeWithInvalidScoreError`: its critic would learn the placeholder (the experience maker
+    stops the run with it)."""
     if estimator == "gae":  # refused at launch with the scorer-registry reward; another reward marked one invalid
-        from openrlhf_classmate.errors import TrainingStopped
-
-        raise TrainingStopped("error: a main score marked invalid (extra_logs main_valid = 0) reached "
-                              "--algo.advantage.estimator gae, whose critic would learn its placeholder as a real "
-                              "reward: use " + ", ".join(VALID_ONLY_ESTIMATORS[:-1]) + " or "
-                              + VALID_ONLY_ESTIMATORS[-1])
+        raise GaeWithInvalidScoreError(
+            "error: a main score marked invalid (extra_logs main_valid = 0) reached --algo.advantage.estimator gae, "
+            "whose critic would learn its placeholder as a real reward: use "
+            + ", ".join(VALID_ONLY_ESTIMATORS[:-1]) + " or " + VALID_ONLY_ESTIMATORS[-1])
     if estimator == "reinforce":
         return {"advantages": whiten_tokens(returns, returns_mask, mode="mean" if no_std_norm else "mean_std"),
                 "main_scalar": None}

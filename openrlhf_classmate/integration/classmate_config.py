@@ -68,8 +68,8 @@ class ClassmateConfig:
             "help": "Where the classmate engines run. separate: GPUs of their own; colocate: the actor/ref placement "
             "group (needs --train.colocate_actor_ref or --train.colocate_all; forces --classmate.enable_sleep); "
             "share: the policy engines' GPUs (needs --vllm.num_engines > 0; awake through the step at "
-            "--classmate.gpu_memory_utilization, so its generation runs during the rollout: on one H100 a GDPO step "
-            "took 1.05-1.07x a GRPO step with share, 1.31x with colocate, README 'one GPU'); auto: "
+            "--classmate.gpu_memory_utilization, so its generation runs during the rollout; what each costs: "
+            "README); auto: "
             + AUTO_RULE + " (the choice is logged at launch; README 'Where the classmate runs')",
             "choices": PLACEMENTS,
         },
@@ -326,11 +326,8 @@ class EngineConfig:
                           "_max, mismatch/kl_k3: the policy engines' log-probs of the sampled tokens against the "
                           "actor's). On, each rollout request asks the engine for the sampled token's log-prob only, "
                           "with one final output per request and (without --train.agent_func_path) no detokenised "
-                          "text; off, upstream's request is sent unchanged. Cost: vLLM's per-token log-prob path in "
-                          "Python, 2-3 s per rollout batch of 256 requests of a 0.5B policy on one H100 "
-                          "(generation +2.1 s and +2.7 s at 512 new tokens in two calls, +1.8 s at 256; upstream's "
-                          "--algo.advantage.is_correction_level request: +5.9 s and +6.6 s at 512); it weighs less as "
-                          "the model grows (README, 'Train-inference mismatch')"},
+                          "text; off, upstream's request is sent unchanged. Its cost is vLLM's per-token log-prob "
+                          "path in Python, measured in README, 'Train-inference mismatch'"},
     )
     mismatch_warn_threshold: float = field(
         default=0.1,

@@ -408,9 +408,10 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         statistics replacing upstream's."""
         args = self.args
         estimator = args.algo.advantage.estimator
-        if estimator in ("gae", "reinforce"):  # gae: refused there (TrainingStopped)
-            # reinforce, no baseline: upstream's (discounted) returns are the advantages before its whitening
-            whitened = main_advantages_over_valid(
+        if estimator in ("gae", "reinforce"):
+            # reinforce, no baseline: upstream's (discounted) returns are the advantages before its whitening; gae is
+            # refused there, and the run stops with its message
+            whitened = _stop_on_gae(main_advantages_over_valid)(
                 estimator, None, None, main_valid=main_valid,
                 returns=torch.cat([exp.returns.flatten() for exp in experiences]),
                 returns_mask=torch.cat([(exp.action_mask.bool() & main_valid[torch.tensor(exp.index)].unsqueeze(1))
@@ -543,3 +544,17 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
             exp.info["classmate/main_kl_return"] = torch.full((rows,), kl_return)
             for key, value in result.metrics.items():
                 exp.info[key] = torch.full((rows,), float(value))
+
+
+def _stop_on_gae(fn):
+    """``fn`` with the algorithm's refusal of ``gae`` turned into the run's one-line stop."""
+    from openrlhf_classmate.algo.advantages import GaeWithInvalidScoreError
+    from openrlhf_classmate.errors import TrainingStopped
+
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GaeWithInvalidScoreError as e:
+            raise TrainingStopped(str(e)) from None
+
+    return call
