@@ -908,7 +908,7 @@ EVALUATE = [
     E("evaluate gpu memory utilization nan", lambda w, t: _ev(w, t, "--gpu-memory-utilization", "nan"),
       "--gpu-memory-utilization", "finite"),
     E("evaluate think tag not in the tokenizer", lambda w, t: _ev(w, t, "--think-close", "</reasoning>"),
-      "--think-open/--think-close"),
+      "--think-open/--think-close", "cli.prepare_policy"),
     # the launcher's checks, shared; evaluate's own flags in its messages
     E("evaluate policy tokenizer larger than its embedding", lambda w, t: _ev(w, t) + ["--model", w["small_vocab"]],
       "--model", "vocab_size", "resize_token_embeddings"),

@@ -522,8 +522,9 @@ def run(args, generator_factory: Callable = make_generator) -> dict[str, Any]:
         try:
             open_id, close_id = think_token_ids(tokenizer, think_open=args.think_open, think_close=args.think_close)
         except ValueError as e:
-            raise EvaluationError(f"{e}; set --think-open/--think-close, or --no-think for a model without a think "
-                                  "block") from None
+            raise EvaluationError(f"{e}; set --think-open/--think-close, --no-think for a model without a think "
+                                  "block, or add the tags as tokens: python -m openrlhf_classmate.cli.prepare_policy "
+                                  f"{args.model} OUT") from None
     think_ids = None if args.no_think else (open_id, close_id)
     stop_ids = load_stop_token_ids(args.model, tokenizer)  # every id generation stops on, as in training
     prompt_ids, opened = render_prompts(tokenizer, rows, chat_template=not args.no_chat_template,
