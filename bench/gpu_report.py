@@ -3,7 +3,8 @@
     python bench/gpu_report.py bench/gpu_results/        # every *.json there (and tests.txt), tables to stdout
 
 Knows ``<plan>.json`` (bench/gpu_validate.py), ``evaluate.json`` (bench/gpu_evaluate.py) and
-``step_time_<N>gpu.json`` (bench/step_time.py); other files are listed by name.
+``step_time_<N>gpu.json`` (bench/step_time.py), ``capacity*.json`` (bench/capacity.py); other files are listed by
+name.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def main(folder: str) -> None:
             print(evaluate_table(data))
         elif name.startswith("step_time_"):
             print(step_time_table(data))
+        elif name.startswith("capacity") and isinstance(data, dict) and "cells" in data:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from capacity import print_table as capacity_table  # the capacity script's own table
+
+            print(f"### {name}.json")
+            capacity_table(data)
         elif isinstance(data, dict) and "runs" in data and isinstance(data["runs"], list):
             print(validate_table(name, data))
         else:

@@ -711,3 +711,11 @@ def test_the_committed_capacity_rows_are_what_their_logs_say(capacity):
         assert row["outcome"] == again["outcome"] == "runs"
         assert (row["step_s"], row["tokens_per_s_per_gpu"], row["flags"]) == (
             again["step_s"], again["tokens_per_s_per_gpu"], again["flags"])
+
+
+def test_the_report_prints_the_committed_capacity_and_validation_tables(capsys):
+    # bench/gpu_report.py over a committed results folder: the capacity cells through the capacity script's own table
+    _bench("gpu_report").main(os.path.join(REPO, "bench", "gpu_results", "wave10"))
+    out = capsys.readouterr().out
+    assert "| 7b | 1.5b | 2k | 2 | runs | - | 114 | 63.3 | 518 |" in out
+    assert "| zero3_gdpo_colocate_2gpu (ZeRO-3, gdpo, 2 GPU) |" in out and "not a known result file" not in out
