@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 
 
@@ -46,3 +47,15 @@ def write_problem(path: str) -> str | None:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
     return None
+
+
+def replace_folder(tmp: str, out: str) -> None:
+    """Rename the finished folder ``tmp`` to ``out``, replacing what was there only once the new one is complete (the
+    old one is moved aside first and removed last, so a crash leaves one of the two whole)."""
+    old = None
+    if os.path.lexists(out):
+        old = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)

@@ -216,6 +216,14 @@ def test_errors_are_one_line_and_write_nothing(prepared, tmp_path, capsys, argv,
     assert not [n for n in os.listdir(work) if n.startswith(".")]
 
 
+def _one_row(path):
+    """A data file of one GSM8K-labelled prompt (the classmate's messages included)."""
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    path.write_text(json.dumps({"prompt": chat, "label": json.dumps(
+        {"data_source": "gsm8k", "ground_truth": "2", "messages": chat})}) + "\n")
+    return path
+
+
 def _check_argv(policy: str, data: str) -> list[str]:
     return ["--check", "--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1",
             "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--data.prompt_dataset", data,
@@ -229,10 +237,7 @@ def test_the_launcher_check_accepts_the_prepared_model_where_it_refused_the_sour
     from openrlhf_classmate.cli import train_ppo_ray
 
     source, folder, _ = prepared["llama_untied"]
-    chat = [{"role": "user", "content": "1 + 1 = ?"}]
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"prompt": chat, "label": json.dumps(
-        {"data_source": "gsm8k", "ground_truth": "2", "messages": chat})}) + "\n")
+    data = _one_row(tmp_path / "train.jsonl")
     with pytest.raises(SystemExit) as refused:
         train_ppo_ray.main(_check_argv(source, str(data)))
     message = str(refused.value)
@@ -248,10 +253,7 @@ def test_evaluate_runs_on_the_prepared_model_where_it_refused_the_source(prepare
     from openrlhf_classmate.cli import evaluate
 
     source, folder, _ = prepared["olmo2_untied_spare_rows"]
-    chat = [{"role": "user", "content": "1 + 1 = ?"}]
-    data = tmp_path / "test.jsonl"
-    data.write_text(json.dumps({"prompt": chat, "label": json.dumps(
-        {"data_source": "gsm8k", "ground_truth": "2", "messages": chat})}) + "\n")
+    data = _one_row(tmp_path / "test.jsonl")
 
     def run(model: str, out: str) -> int:
         return evaluate.main(["--model", model, "--data", str(data), "--output-dir", str(tmp_path / out), "--backend",

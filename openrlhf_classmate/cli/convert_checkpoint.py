@@ -44,7 +44,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before deepspeed / openrlhf imports)
-from openrlhf_classmate.writable import write_problem
+from openrlhf_classmate.writable import replace_folder, write_problem
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # files of the base model copied next to the weights (tokenizer, chat template, generation config)
@@ -363,7 +363,7 @@ def convert(
         _copy_base_files(base, tmp)  # after save_pretrained, which writes its own generation_config.json
         if verify:
             _verify(model, tmp, ids, logits_fp32, report, log)
-        _install(tmp, out_dir)
+        replace_folder(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {out_dir}")
@@ -413,17 +413,6 @@ def check_replaceable(out_dir: str) -> None:
     what += "" if "config.json" in names else (" and no config.json" if folders else " no config.json")
     raise ConversionError(f"OUT_DIR {out_dir} {what}: --overwrite replaces a converted model's folder, not a folder "
                           "of models or other files; name the model's own folder")
-
-
-def _install(tmp: str, out_dir: str) -> None:
-    """Rename the finished temporary directory to ``out_dir`` (replacing an old one only once the new one is done)."""
-    old = None
-    if os.path.exists(out_dir):
-        old = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # ── hub ──────────────────────────────────────────────────────────────────────────────────────────────────────────

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before transformers / vllm imports)
+from openrlhf_classmate.writable import replace_folder
 
 DEFAULT_OPEN, DEFAULT_CLOSE = "<think>", "</think>"
 NOTE = "prepare_policy.json"
@@ -342,22 +343,11 @@ def prepare(model: str, out_dir: str, *, think_open: str = DEFAULT_OPEN, think_c
         if verify:
             log("verifying: loading the written folder again")
             _verify(tmp, policy, report)
-        _install(tmp, out)
+        replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
-
-
-def _install(tmp: str, out: str) -> None:
-    """Rename the finished folder to ``out``, replacing an old one only once the new one is complete."""
-    old = None
-    if os.path.lexists(out):
-        old = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def describe(report: PrepareReport, model: str) -> list[str]:
