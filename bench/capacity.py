@@ -53,9 +53,11 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # step_time's model and prompt builders
 
+from step_time import build_data, build_model  # noqa: E402  (the step-time benchmark's random models and prompts)
+
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
-from openrlhf_classmate.testing.watchdog import kill_session, release_build_locks  # noqa: E402
+from openrlhf_classmate.testing.watchdog import run_watched  # noqa: E402
 
 GIB = 1024**3
 _QWEN = dict(vocab_size=151_936, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32_768)
@@ -306,49 +308,44 @@ def total_gpu_gib() -> float | None:
         return None
 
 
+class StepLines:
+    """The launcher's step lines as its log grows (read from where the last call stopped): when each step was logged
+    (seconds after the start); called by the watchdog, it asks for the stop once ``steps`` steps are logged."""
+
+    def __init__(self, log_path: str, steps: int):
+        self.log_path, self.steps, self.started = log_path, steps, time.time()
+        self.at: dict[int, float] = {}
+        self._offset, self._rest = 0, b""
+
+    def __call__(self) -> str | None:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return None
+        self._offset += len(chunk)
+        *complete, self._rest = (self._rest + chunk).split(b"\n")
+        for line in complete:
+            parsed = parse_step_line(line.decode(errors="replace"))
+            if parsed:
+                self.at.setdefault(parsed[0], round(time.time() - self.started, 1))
+        return f"step {self.steps} was logged" if len(self.at) >= self.steps else None
+
+
 def run_until_steps(argv: list[str], log_path: str, steps: int, timeout: float, quiet: float = 600.0) -> dict:
-    """The launcher as a subprocess in its own session until it has logged ``steps`` steps (then its session is
-    stopped: the final save is not what is measured), it exits, it prints nothing for ``quiet`` s or ``timeout`` s
-    pass. Returns the exit (0 when the steps were all logged), the step lines and when each was logged."""
+    """The launcher under the watchdog until it has logged ``steps`` steps (then its session is stopped: the final
+    save is not what is measured), it exits, it prints nothing for ``quiet`` s or ``timeout`` s pass. Returns the
+    exit (0 when the steps were all logged), the watchdog's line and when each step was logged."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    started = time.time()
-    logged: dict[int, dict] = {}
-    at: dict[int, float] = {}
-    with open(log_path, "w") as log, open(log_path, errors="replace") as reader:
-        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        last_output, buffer, code, why = started, "", None, None
-        while code is None:
-            try:
-                code = proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            chunk = reader.read()
-            now = time.time()
-            if chunk:
-                last_output = now
-                buffer += chunk
-                *complete, buffer = buffer.split("\n")
-                for line in complete:
-                    parsed = parse_step_line(line)
-                    if parsed:
-                        logged[parsed[0]], at[parsed[0]] = parsed[1], round(now - started, 1)
-            if code is not None:
-                break
-            if len(logged) >= steps:
-                why = f"stopped after step {steps} was logged"
-            elif now - last_output > quiet:
-                why = f"killed after {quiet:.0f} s without output"
-            elif now - started > timeout:
-                why = f"killed after {timeout:.0f} s (time limit)"
-            else:
-                continue
-            kill_session(proc)
-            log.write(f"\n[watchdog] {why}\n")
-            release_build_locks(since=started)
-            code = 0 if len(logged) >= steps else 124
-    return {"exit": code, "stopped": why, "wall_s": round(time.time() - started, 1), "steps": logged,
-            "step_logged_at_s": at}
+    lines = StepLines(log_path, steps)
+    code = run_watched([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], log_path, env=env,
+                       quiet=quiet, timeout=timeout, until=lines)
+    with open(log_path, errors="replace") as f:
+        stopped = next((line[len("[watchdog] "):].strip() for line in reversed(f.readlines())
+                        if line.startswith("[watchdog] ")), None)
+    return {"exit": code, "stopped": stopped, "wall_s": round(time.time() - lines.started, 1),
+            "step_logged_at_s": lines.at}
 
 
 def wait_for_free_gpus(limit_s: float = 90.0, below_gib: float = 2.0) -> dict[int, float]:
@@ -483,12 +480,6 @@ def print_table(result: dict) -> None:
               f"{seen} | {step} | {tps} | {first} | {r['flags']} |")
 
 
-def build_data(path: str, n: int) -> str:
-    from step_time import build_data as arithmetic_prompts
-
-    return arithmetic_prompts(path, n)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", default=",".join(ORDER),
@@ -544,7 +535,6 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
     import torch
-    from step_time import build_model
 
     device = (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available()
               else "cpu")

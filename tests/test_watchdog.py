@@ -52,3 +52,18 @@ def test_the_environment_and_working_directory_reach_the_run(tmp_path):
     body = "import os\nprint(os.getcwd(), os.environ['WATCHED'])\n"
     assert run_watched(_script(body), str(log), cwd=str(tmp_path), env={**os.environ, "WATCHED": "yes"}) == 0
     assert log.read_text().split() == [str(tmp_path), "yes"]
+
+
+def test_until_stops_a_run_early_as_a_success_with_its_whole_session(tmp_path):
+    # bench/capacity.py stops the launcher once the steps it measures are logged (the final save is not measured)
+    log = tmp_path / "run.log"
+    body = "import time\nfor i in range(600):\n    print('step', i, flush=True)\n    time.sleep(0.1)\n"
+
+    def until():
+        return "step 5 was logged" if "step 5\n" in log.read_text() else None
+
+    t0 = time.time()
+    assert run_watched(_script(body), str(log), quiet=60, grace=2, until=until) == 0
+    assert time.time() - t0 < 30
+    text = log.read_text()
+    assert "[watchdog] stopped: step 5 was logged" in text and "step 599" not in text

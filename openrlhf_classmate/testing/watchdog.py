@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 TIMEOUT_EXIT = 124  # as timeout(1)
 QUIET = 900.0  # s without a new byte of output; the launcher prints every step, the demo every stage and step
@@ -19,13 +20,16 @@ HARD_TIMEOUT = 7200.0  # s; normal runs take 1 to 3 minutes on two idle cores
 
 
 def run_watched(cmd: list[str], log_path: str, cwd: str | None = None, env: dict[str, str] | None = None,
-                quiet: float = QUIET, timeout: float | None = HARD_TIMEOUT, grace: float = 15.0) -> int:
+                quiet: float = QUIET, timeout: float | None = HARD_TIMEOUT, grace: float = 15.0,
+                until: Callable[[], str | None] | None = None) -> int:
     """Run ``cmd`` in its own process session, stdout and stderr to ``log_path``; returns its exit code.
 
     The whole session (the command, its local Ray cluster, engine processes) is killed when the log has not grown for
     ``quiet`` seconds, or after ``timeout`` seconds in all (``None``: no hard limit); then a line saying which is
     appended to the log, the JIT build locks the killed processes held are removed, and the result is
-    :data:`TIMEOUT_EXIT`."""
+    :data:`TIMEOUT_EXIT`. ``until`` (called at every poll) ends the run early as a success: when it returns a reason
+    (e.g. "the steps to measure are logged"), the session is stopped the same way, the reason logged, and the result
+    is 0."""
     started = time.time()
     poll = max(0.05, min(1.0, quiet / 5, timeout / 5 if timeout is not None else 1.0))
     with open(log_path, "w") as log:
@@ -40,7 +44,11 @@ def run_watched(cmd: list[str], log_path: str, cwd: str | None = None, env: dict
             grown = os.fstat(log.fileno()).st_size
             if grown != size:
                 size, last_progress = grown, now
-            if now - last_progress > quiet:
+            done = until() if until is not None else None
+            result = 0 if done else TIMEOUT_EXIT
+            if done:
+                reason = f"stopped: {done}"
+            elif now - last_progress > quiet:
                 reason = f"killed after {quiet} s without output (no progress)"
             elif timeout is not None and now - started > timeout:
                 reason = f"killed after {timeout} s (timeout)"
@@ -51,7 +59,7 @@ def run_watched(cmd: list[str], log_path: str, cwd: str | None = None, env: dict
             for lock in release_build_locks(since=started):
                 log.write(f"[watchdog] removed the build lock {lock} left by the killed session\n")
             log.flush()
-            return TIMEOUT_EXIT
+            return result
 
 
 def release_build_locks(since: float) -> list[str]:
