@@ -267,6 +267,18 @@ def failure(log_text: str) -> tuple[str, str | None]:
     return outcome, next((stage for stage, pattern in STAGES if pattern.search(text)), None)
 
 
+def visible_gpus() -> set[int] | None:
+    """The GPUs of this run (``CUDA_VISIBLE_DEVICES`` as indices, which ``nvidia-smi`` also numbers by), or None for
+    all: runs started side by side on one host, each on its own GPUs, read only their own memory."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None or not value.strip():
+        return None
+    try:
+        return {int(x) for x in value.split(",") if x.strip()}
+    except ValueError:  # GPU UUIDs: nvidia-smi's index cannot be matched; read every GPU
+        return None
+
+
 class MemorySampler(threading.Thread):
     """The peak of ``nvidia-smi``'s memory.used per GPU (GiB) while it runs; empty without nvidia-smi."""
 
@@ -282,9 +294,11 @@ class MemorySampler(threading.Thread):
         except (OSError, subprocess.SubprocessError):
             return {}
         used = {}
+        mine = visible_gpus()
         for line in out.strip().splitlines():
             index, mib = (x.strip() for x in line.split(","))
-            used[int(index)] = int(mib) / 1024
+            if mine is None or int(index) in mine:
+                used[int(index)] = int(mib) / 1024
         return used
 
     def run(self) -> None:
@@ -349,15 +363,17 @@ def run_until_steps(argv: list[str], log_path: str, steps: int, timeout: float, 
 
 
 def wait_for_free_gpus(limit_s: float = 90.0, below_gib: float = 2.0) -> dict[int, float]:
-    """Wait until every GPU's memory is back below ``below_gib`` (the stopped run's processes gone); after half the
-    time, ``ray stop --force`` for whatever Ray left behind. Returns the memory used at the end."""
+    """Wait until every GPU of this run is back below ``below_gib`` of memory (the stopped run's processes gone); after
+    half the time, ``ray stop --force`` for whatever Ray left behind (not when ``CUDA_VISIBLE_DEVICES`` names this
+    run's GPUs: runs side by side on one host). Returns the memory used at the end."""
     t0 = time.time()
     stopped = False
     while True:
         used = MemorySampler.used()
         if all(v < below_gib for v in used.values()) or time.time() - t0 > limit_s:
             return {i: round(v, 1) for i, v in used.items()}
-        if not stopped and time.time() - t0 > limit_s / 2:
+        # with CUDA_VISIBLE_DEVICES other runs may share the host: `ray stop` would stop their clusters too
+        if not stopped and time.time() - t0 > limit_s / 2 and visible_gpus() is None:
             # Ray's own module, not the `ray` command: pip --target installs (the GPU machine's) have no scripts
             subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True,
                            timeout=60)

@@ -30,6 +30,8 @@
 #                   --long-context (LONG_ARGS): 1.5B, 2 x 16k tokens, micro-batch 1 (trainer wheels only)
 #   worldprobe      the GPU demo's warm start and held-out evaluation only (trainer wheels, no vLLM): CoT styles
 #                   and their accuracies at warm start, in $OUT/world_probe/
+#   prepared        bench/gpu_prepared_policy.py: vLLM loads a cli/prepare_policy folder (tags, log-probs, greedy
+#                   tokens equal to transformers'); prepared_policy_vllm.json
 #   genlogprobs     generation time of one rollout batch per log-prob request variant on a real vLLM
 #                   engine (bench/vllm_generation_logprobs.py, GEN_ARGS), JSON in $OUT/vllm_generation_logprobs.json
 #   gpudemo         python -m openrlhf_classmate.demo --gpu --compare-grpo (DEMO_ARGS), resumable in
@@ -208,6 +210,10 @@ for step in "${steps[@]}"; do
       cp -r "$probe/stages" "$OUT/world_probe/" 2>/dev/null
       [ -f "$probe/eval_before.jsonl" ] && gzip -c "$probe/eval_before.jsonl" > "$OUT/world_probe/eval_before.jsonl.gz"
       ;;
+    prepared)
+      # vLLM loads a folder that cli/prepare_policy wrote (think tags added as tokens) and sees what transformers sees
+      need_vllm; need_trainer
+      timeout "$(left)" python3 bench/gpu_prepared_policy.py --out "$OUT" || status=1 ;;
     genlogprobs)
       need_vllm; need_trainer
       # shellcheck disable=SC2086

@@ -14,10 +14,14 @@ writes ``--classmate-new-tokens`` (256) tokens. ZeRO-2, bf16, gradient checkpoin
 (actor and ref forwards), one optimizer step per rollout batch, ``--steps`` (4) steps; step 1 (warm-up: CUDA
 graphs, allocator, JIT) is left out of the means.
 
-Layouts (``--gpus``): 1 GPU = the production config (``configs/classmate_gdpo.yaml``): everything colocated
-(``--train.colocate_all``, vLLM sleep, CUDA-IPC weight sync), classmate ``colocate`` (wakes, generates, sleeps before
-the actor/ref forwards); 2 GPUs = actor/ref on one GPU, policy and classmate engines on the other (classmate
-``share``: its generation overlaps the actor/ref forwards), NCCL weight sync across GPUs. GRPO runs the same layout
+Layouts (``--gpus``, ``--layout``): ``colocate_all`` (the default, the production config
+``configs/classmate_gdpo.yaml``): every model on every GPU, data parallel (an actor and a reference rank, a policy
+engine and a classmate engine per GPU; ``--train.colocate_all``, vLLM sleep, CUDA-IPC weight sync), the classmate
+placement the launcher's default (``auto``: ``share`` here, the classmate engine awake beside the policy engine, its
+generation overlapping the rollout and the actor/ref forwards) unless ``--placement`` says otherwise; ``--prompts``
+counts all GPUs' prompts, so a 2-GPU call with twice the 1-GPU call's prompts has the same per-GPU batch
+(``--scaling ONE TWO`` then gives tokens/s per GPU, 2 GPUs over 1, against 0.85x). ``split`` (2 GPUs): actor/ref on
+one GPU, the policy and classmate engines on the other, NCCL weight sync across GPUs. GRPO runs the same layout
 without the classmate.
 
 Timings come from the launcher's own per-step scalars (tensorboard; the interleaved run reads its step lines): upstream's ``timing/*`` (generation, make_experience,
@@ -75,6 +79,8 @@ TARGETS = {1: 1.25, 2: 1.10}
 # at most AGREE apart
 MIN_STEADY = 8
 AGREE = 0.05
+# tokens/s per GPU on 2 GPUs against 1 GPU at the same per-GPU batch
+SCALING_TARGET = 0.85
 QWEN25_05B = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                   max_position_embeddings=32_768)
@@ -108,7 +114,14 @@ def variant(a) -> str:
             + ("" if getattr(a, "dispatch", "auto") == "auto" else f"_dispatch-{a.dispatch}")
             + ("_seeded" if getattr(a, "seed_requests", False) else "")
             + ("_gdpo-only" if gdpo_only(a) else "")
-            + (f"_before-{a.before.replace(',', '-')}" if getattr(a, "before", None) else ""))
+            + (f"_before-{a.before.replace(',', '-')}" if getattr(a, "before", None) else "")
+            + ("_split" if layout(a) == "split" else ""))
+
+
+def layout(a) -> str:
+    """``colocate_all`` (every model on every GPU, data parallel: the production layout) or ``split`` (2 GPUs:
+    actor/ref on one, the engines on the other)."""
+    return "split" if a.gpus > 1 and getattr(a, "layout", "colocate_all") == "split" else "colocate_all"
 
 
 def gdpo_only(a) -> bool:
@@ -173,10 +186,13 @@ def build_data(path: str, n: int, seed: int = 0) -> str:
 
 def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -> list[str]:
     batch = a.prompts * a.samples
+    # data parallel over every GPU (layout colocate_all): an actor and a reference rank, a policy engine (and in
+    # share / colocate a classmate engine) on each GPU; split: actor/ref on one GPU, the engines on the other
+    ranks = str(a.gpus if layout(a) == "colocate_all" else 1)
     argv = [
-        "--actor.model_name_or_path", policy, "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
-        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", "1",
-        "--vllm.num_engines", "1", "--vllm.sync_backend", "nccl" if a.engine == "vllm" else "gloo",
+        "--actor.model_name_or_path", policy, "--actor.num_nodes", "1", "--actor.num_gpus_per_node", ranks,
+        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", ranks,
+        "--vllm.num_engines", ranks, "--vllm.sync_backend", "nccl" if a.engine == "vllm" else "gloo",
         "--data.prompt_dataset", data, "--data.input_key", "prompt", "--data.label_key", "label",
         "--data.apply_chat_template", "--data.max_len", str(a.new_tokens + 64),
         "--data.max_samples", str(a.prompts * a.steps),
@@ -198,19 +214,21 @@ def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -
         argv += ["--algo.advantage.is_correction_level", a.is_correction]
     if a.engine == "vllm" and a.enforce_eager:
         argv.append("--vllm.enforce_eager")
-    if a.gpus == 1:
+    if layout(a) == "colocate_all":
         argv += ["--train.colocate_all", "--vllm.enable_sleep", "--vllm.gpu_memory_utilization", "0.3"]
     else:
         argv += ["--train.colocate_actor_ref", "--vllm.gpu_memory_utilization", "0.45"]
     if classmate is None:
         argv += ["--algo.advantage.estimator", "group_norm"]
     else:
-        placement = getattr(a, "placement", None) or ("colocate" if a.gpus == 1 else "share")
-        memory = getattr(a, "classmate_memory", None) or ("0.2" if a.gpus == 1 else "0.35")
+        memory = getattr(a, "classmate_memory", None) or ("0.2" if layout(a) == "colocate_all" else "0.35")
         argv += ["--classmate.model_name_or_path", classmate, "--classmate.estimator", "gdpo",
                  "--classmate.max_new_tokens", str(a.classmate_new_tokens), "--classmate.temperature", "1.0",
-                 "--classmate.placement", placement, "--classmate.gpu_memory_utilization", str(memory),
+                 "--classmate.gpu_memory_utilization", str(memory), "--classmate.num_engines", ranks,
                  "--classmate.dispatch", getattr(a, "dispatch", "auto")]
+        # no --placement: the launcher's default (auto: share wherever the engines' memory fits beside each other)
+        if getattr(a, "placement", None):
+            argv += ["--classmate.placement", a.placement]
         if getattr(a, "seed_requests", False):
             argv.append("--classmate.seed_requests")
     return argv
@@ -370,6 +388,7 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     if interleave:
         row.update(split_interleaved(tb, changes=before_list(a), block=1 if gdpo_only(a) else 2))
         row["outside_steps_s"] = time_outside_steps(row["wall_s"], tb)
+        row.update(throughput(row, a.prompts * a.samples, a.gpus))
         return row
     per_step = {tag: {int(s): round(v, 3) for s, v in sorted(tb.get(f"train/{tag}", {}).items())} for _, tag in ROWS}
     per_step.update({tag: {int(s): float(f"{v:.4g}") for s, v in sorted(tb.get(f"train/{tag}", {}).items())}
@@ -382,6 +401,41 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     if classmate is None:  # no classmate stage: make_experience is the actor/ref forwards (+ upstream advantages)
         row["mean"]["classmate/actor_ref_forward_time"] = row["mean"]["timing/make_experience"]
     return row
+
+
+def throughput(row: dict, samples_per_step: int, gpus: int) -> dict:
+    """Per kind, the generated tokens per second per GPU of the median step (``samples_per_step`` responses of the
+    run's mean response length, over the median ``timing/step_total``), and the median weight sync of the steady
+    steps of both kinds (``weight_sync_median_s``)."""
+    length = row.get("response_length")
+    tokens = {}
+    for kind in ("grpo", "gdpo"):
+        median = ((row.get(kind) or {}).get("stats", {}).get("timing/step_total") or {}).get("median")
+        if median and length:
+            tokens[kind] = round(samples_per_step * length / median / gpus, 1)
+    syncs = [v for kind in ("grpo", "gdpo") for v in ((row.get(kind) or {}).get("per_step", {})
+                                                      .get("timing/broadcast", {}).values()) if v == v]
+    return {"tokens_per_s_per_gpu": tokens,
+            "weight_sync_median_s": round(statistics.median(syncs), 3) if syncs else None}
+
+
+def scaling(one: dict, two: dict) -> dict:
+    """Tokens/s per GPU of a multi-GPU interleaved call over a one-GPU call's, per kind (target
+    :data:`SCALING_TARGET`): the last call of each JSON. Refused (``ValueError``) unless both ran the same per-GPU
+    batch, models and request path: another per-GPU batch is another figure."""
+    if one.get("gpus") != 1 or (two.get("gpus") or 1) < 2:
+        raise ValueError(f"needs a 1-GPU and a multi-GPU step-time JSON (got {one.get('gpus')} and {two.get('gpus')})")
+    for key in ("models", "engine", "mismatch", "is_correction", "dispatch", "placement", "layout"):
+        if one.get(key) != two.get(key):
+            raise ValueError(f"{key} differs: {one.get(key)!r} on 1 GPU, {two.get(key)!r} on {two['gpus']}")
+    per_gpu = [c.get("samples_per_gpu") for c in (one, two)]
+    if None in per_gpu or per_gpu[0] != per_gpu[1]:
+        raise ValueError(f"the per-GPU batch differs: {per_gpu[0]} samples per GPU on 1 GPU, {per_gpu[1]} on "
+                         f"{two['gpus']} (run the multi-GPU call with --prompts {two['gpus']} x the one-GPU call's)")
+    a, b = one["calls"][-1].get("tokens_per_s_per_gpu", {}), two["calls"][-1].get("tokens_per_s_per_gpu", {})
+    ratios = {kind: round(b[kind] / a[kind], 3) for kind in ("grpo", "gdpo") if a.get(kind) and b.get(kind)}
+    return {"one_gpu": a, "multi_gpu": b, "gpus": two["gpus"], "ratios": ratios, "target": SCALING_TARGET,
+            "meets": bool(ratios) and all(r >= SCALING_TARGET for r in ratios.values())}
 
 
 def time_outside_steps(wall_s: float, tb: dict[str, dict[int, float]]) -> float:
@@ -464,6 +518,8 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
     row["call"] = len(calls) + 1
     calls.append(row)
     result.update(calls=calls, **combine_calls(calls))
+    # this call's start-up, weight sync and throughput at the top, readable without the table
+    result.update({k: row.get(k) for k in ("first_step_s", "weight_sync_median_s", "tokens_per_s_per_gpu")})
     for path in (state_path, out_path):
         with open(path + ".tmp", "w") as f:
             json.dump(result, f, indent=1)
@@ -475,9 +531,10 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
 # the settings two interleaved calls must share to be counted together (a ratio of another card, batch, layout or
 # request path is another figure)
 CALL_SETTINGS = ("device", "batch", "models", "gpus", "engine", "placement", "mismatch", "is_correction",
-                 "before", "gdpo_only", "dispatch", "seed_requests")
-# the value of a setting a JSON written before the setting existed holds
-SETTING_DEFAULTS = {"gdpo_only": False}
+                 "before", "gdpo_only", "dispatch", "seed_requests", "layout")
+# the value of a setting a JSON written before the setting existed holds (every interleaved call before the layout
+# setting ran on one GPU, colocate_all)
+SETTING_DEFAULTS = {"gdpo_only": False, "layout": "colocate_all"}
 
 
 def earlier_calls(result: dict, state: dict | None, previous: dict | None, previous_name: str = "") -> list[dict]:
@@ -649,10 +706,17 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed-requests", action="store_true",
                    help="--classmate.seed_requests: a seed per classmate request (vLLM's per-request sampling loop; "
                         "the launcher's default is off)")
-    p.add_argument("--placement", choices=("colocate", "share"), default=None,
-                   help="--classmate.placement (default: colocate on 1 GPU, share on 2)")
+    p.add_argument("--placement", choices=("auto", "colocate", "share"), default=None,
+                   help="--classmate.placement (default: the launcher's, auto)")
+    p.add_argument("--layout", choices=("colocate_all", "split"), default="colocate_all",
+                   help="with --gpus 2: colocate_all = every model on both GPUs, data parallel (--prompts counts both "
+                        "GPUs' prompts: twice the one-GPU call's for the same per-GPU batch); split = actor/ref on one "
+                        "GPU, the policy and classmate engines on the other")
     p.add_argument("--classmate-memory", type=float, default=None,
-                   help="--classmate.gpu_memory_utilization (default 0.2 on 1 GPU, 0.35 on 2)")
+                   help="--classmate.gpu_memory_utilization (default 0.2 colocate_all, 0.35 split)")
+    p.add_argument("--scaling", nargs=2, default=None, metavar=("ONE_GPU_JSON", "TWO_GPU_JSON"),
+                   help="run nothing: tokens/s per GPU of two interleaved JSONs' last calls, multi over one GPU, per "
+                        f"kind (target {SCALING_TARGET}), printed and written to --out as scaling.json")
     a = p.parse_args(argv)
     try:
         before_list(a)
@@ -672,8 +736,26 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def scaling_call(a) -> None:
+    """``--scaling ONE TWO``: the scaling figure of two committed or fresh interleaved JSONs."""
+    try:
+        one, two = (json.load(open(path)) for path in a.scaling)
+        result = {"one_gpu_json": a.scaling[0], "multi_gpu_json": a.scaling[1], **scaling(one, two)}
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        sys.exit(f"error: --scaling {' '.join(a.scaling)}: {e}")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "scaling.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    for kind, ratio in result["ratios"].items():
+        print(f"{kind.upper()}: {result['multi_gpu'][kind]:,.0f} tokens/s per GPU on {result['gpus']} GPUs, "
+              f"{result['one_gpu'][kind]:,.0f} on 1: {ratio:.3f}x ({'meets' if ratio >= SCALING_TARGET else 'misses'}"
+              f" the {SCALING_TARGET}x target)")
+
+
 def main() -> None:
     a = parse_cli()
+    if a.scaling:
+        return scaling_call(a)
     start = time.time()
     shape = TINY if a.tiny else QWEN25_05B
     kind = "tiny" if a.tiny else "qwen2.5-0.5b-shape"
@@ -695,11 +777,12 @@ def main() -> None:
                  f"{a.classmate_new_tokens} new tokens",
         "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction,
         "before": a.before, "gdpo_only": gdpo_only(a), "dispatch": a.dispatch,
-        "seed_requests": a.seed_requests, "runs": {},
+        "seed_requests": a.seed_requests, "layout": layout(a), "samples_per_gpu": a.prompts * a.samples // a.gpus,
+        "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)
     if a.interleave:
-        result["placement"] = a.placement or ("colocate" if a.gpus == 1 else "share")
+        result["placement"] = a.placement or "auto"
         return interleaved_call(a, result, policy, classmate, data, start)
     out_path = os.path.join(a.out, f"step_time_{a.gpus}gpu{variant(a)}.json")
     # runs of earlier calls on the same (warm) machine with the same settings count too: GRPO and GDPO can be

@@ -92,23 +92,77 @@ def test_a_run_needing_more_gpus_than_the_device_has_is_skipped(gpu_validate):
     assert gpu_validate.too_few_gpus(run, "hf", device_gpus=0) is None  # --engine hf: Ray's logical GPUs
 
 
-@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("gpus, layout", [(1, "colocate_all"), (2, "colocate_all"), (2, "split")])
 @pytest.mark.parametrize("classmate", [False, True])
-def test_step_time_runs_parse(gpus, classmate):
+def test_step_time_runs_parse(gpus, layout, classmate, gpu_validate):
     step_time = _bench("step_time")
-    a = SimpleNamespace(prompts=32, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4, micro_batch=16,
-                        train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=gpus, mismatch="on",
-                        is_correction="off")
+    a = SimpleNamespace(prompts=32 * gpus, samples=8, new_tokens=512, classmate_new_tokens=256, steps=4,
+                        micro_batch=16, train_micro_batch=8, engine="vllm", enforce_eager=False, gpus=gpus,
+                        mismatch="on", is_correction="off", layout=layout, placement=None)
     args = parse_args(step_time.launcher_argv(a, "policy", "classmate" if classmate else None, "d.jsonl", "/tmp/x"))
     assert not args.engine.no_mismatch_metrics and args.algo.advantage.is_correction_level == "off"
-    assert args.rollout.batch_size * args.rollout.n_samples_per_prompt == args.train.batch_size == 256
+    assert args.rollout.batch_size * args.rollout.n_samples_per_prompt == args.train.batch_size == 256 * gpus
     assert args.rollout.max_new_tokens == 512 and args.algo.kl.init_coef > 0  # a reference model: ref forwards
-    assert bool(args.train.colocate_all) == (gpus == 1)
+    assert bool(args.train.colocate_all) == (layout == "colocate_all")
+    assert gpu_validate.gpus_needed(args) == gpus
+    ranks = gpus if layout == "colocate_all" else 1  # data parallel: an actor rank and a policy engine per GPU
+    assert args.actor.num_gpus_per_node == args.ref.num_gpus_per_node == args.vllm.num_engines == ranks
+    assert step_time.variant(a) == ("_split" if layout == "split" else "")
     if classmate:
         assert args.classmate.estimator == "gdpo" and args.classmate.max_new_tokens == 256
-        assert args.classmate.placement == ("colocate" if gpus == 1 else "share")
+        # no --classmate.placement: the launcher's auto, which picks share (each engine group at a fraction of a GPU)
+        assert args.classmate.placement == "share" and args.classmate.num_engines == ranks
+        pinned = parse_args(step_time.launcher_argv(SimpleNamespace(**{**vars(a), "placement": "colocate"}),
+                                                    "policy", "classmate", "d.jsonl", "/tmp/x"))
+        assert pinned.classmate.placement == "colocate"
     else:
         assert args.algo.advantage.estimator == "group_norm" and not args.classmate.model_name_or_path
+
+
+def _interleaved_json(gpus: int, samples_per_gpu: int, grpo_s: float, gdpo_s: float, **settings) -> dict:
+    """A step-time JSON of one interleaved call whose medians are ``grpo_s`` / ``gdpo_s`` (512-token responses)."""
+    step_time = _bench("step_time")
+    row = {"response_length": 512.0,
+           "grpo": {"stats": {"timing/step_total": {"median": grpo_s}}, "per_step": {"timing/broadcast": {2: 1.0}}},
+           "gdpo": {"stats": {"timing/step_total": {"median": gdpo_s}}, "per_step": {"timing/broadcast": {3: 1.4}}}}
+    row.update(step_time.throughput(row, samples_per_gpu * gpus, gpus))
+    return {"gpus": gpus, "samples_per_gpu": samples_per_gpu, "models": "qwen2.5-0.5b-shape", "engine": "vllm",
+            "mismatch": "on", "is_correction": "off", "dispatch": "auto", "placement": "auto",
+            "layout": "colocate_all", "calls": [row], **settings}
+
+
+def test_throughput_and_scaling_follow_from_the_medians():
+    step_time = _bench("step_time")
+    one = _interleaved_json(1, 256, grpo_s=20.0, gdpo_s=21.0)
+    # 256 responses x 512 tokens in a 20 s median step on one GPU
+    assert one["calls"][0]["tokens_per_s_per_gpu"] == {"grpo": 6553.6, "gdpo": 6241.5}
+    assert one["calls"][0]["weight_sync_median_s"] == 1.2
+    two = _interleaved_json(2, 256, grpo_s=22.0, gdpo_s=25.0)
+    out = step_time.scaling(one, two)
+    assert out["ratios"] == {"grpo": round(20 / 22, 3), "gdpo": round(21 / 25, 3)}
+    assert out["meets"] is False  # GDPO 0.84 < 0.85
+    assert step_time.scaling(one, _interleaved_json(2, 256, 21.0, 22.0))["meets"] is True
+    with pytest.raises(ValueError, match=r"the per-GPU batch differs: 256 samples per GPU on 1 GPU, 128 on 2 "
+                                         r"\(run the multi-GPU call with --prompts 2 x the one-GPU call's\)"):
+        step_time.scaling(one, _interleaved_json(2, 128, 22.0, 25.0))
+    with pytest.raises(ValueError, match="layout differs: 'colocate_all' on 1 GPU, 'split' on 2"):
+        step_time.scaling(one, _interleaved_json(2, 256, 22.0, 25.0, layout="split"))
+
+
+def test_the_scaling_command_writes_its_json_and_refuses_in_one_line(tmp_path):
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(json.dumps(_interleaved_json(1, 256, 20.0, 21.0)))
+    two.write_text(json.dumps(_interleaved_json(2, 256, 21.0, 23.0)))
+    res = subprocess.run([sys.executable, "bench/step_time.py", "--scaling", str(one), str(two), "--out",
+                          str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "GDPO: 5,699 tokens/s per GPU on 2 GPUs, 6,242 on 1: 0.913x (meets the 0.85x target)" in res.stdout
+    assert json.load(open(tmp_path / "out" / "scaling.json"))["ratios"] == {"grpo": 0.952, "gdpo": 0.913}
+    res = subprocess.run([sys.executable, "bench/step_time.py", "--scaling", str(two), str(one)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 1 and res.stderr.strip().endswith("needs a 1-GPU and a multi-GPU step-time JSON (got 2 "
+                                                                "and 1)"), res.stderr
 
 
 def test_step_time_mismatch_variants_parse_and_keep_apart():
@@ -686,6 +740,7 @@ def test_a_failing_gpu_cleanup_does_not_raise(capacity, monkeypatch):
     # command that a pip --target install of Ray does not put on PATH (FileNotFoundError)
     monkeypatch.setattr(capacity.MemorySampler, "used", staticmethod(lambda: {0: 50.0}))
     monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     calls = []
 
     def run(cmd, **kwargs):
@@ -699,6 +754,26 @@ def test_a_failing_gpu_cleanup_does_not_raise(capacity, monkeypatch):
     monkeypatch.setattr(capacity.subprocess, "run", run)
     assert capacity.wait_for_free_gpus(limit_s=3) == {0: 50.0}  # (ray stop is tried after half the time)
     assert calls == [[sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"]]
+
+
+def test_a_run_on_its_own_gpus_reads_only_their_memory_and_never_stops_ray(capacity, monkeypatch):
+    # runs side by side on one host (CUDA_VISIBLE_DEVICES each): a run reads its own GPUs' memory, and waiting for
+    # them to empty never calls `ray stop`, which would stop the other runs' clusters
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        csv = "0, 81920\n1, 40960\n2, 1024\n3, 102400\n"  # nvidia-smi --query-gpu=index,memory.used (MiB)
+        return subprocess.CompletedProcess(cmd, 0, stdout=csv if cmd[0] == "nvidia-smi" else "")
+
+    monkeypatch.setattr(capacity.subprocess, "run", run)
+    assert capacity.visible_gpus() == {2, 3}
+    assert capacity.MemorySampler.used() == {2: 1.0, 3: 100.0}
+    assert capacity.wait_for_free_gpus(limit_s=3) == {2: 1.0, 3: 100.0}
+    assert all(cmd[0] == "nvidia-smi" for cmd in calls)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e1f")  # UUIDs: no index to match, every GPU is read
+    assert capacity.visible_gpus() is None and len(capacity.MemorySampler.used()) == 4
 
 
 def test_the_committed_capacity_rows_are_what_their_logs_say(capacity):
@@ -719,3 +794,19 @@ def test_the_report_prints_the_committed_capacity_and_validation_tables(capsys):
     out = capsys.readouterr().out
     assert "| 7b | 1.5b | 2k | 2 | runs | - | 114 | 63.3 | 518 |" in out
     assert "| zero3_gdpo_colocate_2gpu (ZeRO-3, gdpo, 2 GPU) |" in out and "not a known result file" not in out
+
+
+def test_the_prepared_policy_check_runs_its_transformers_half_on_cpu(tmp_path):
+    # bench/gpu_prepared_policy.py (the `prepared` GPU step): both cases prepared, each tag one id in the written
+    # folder (the resized Llama table and the Qwen2 table's spare rows); the vLLM half needs a GPU
+    res = subprocess.run([sys.executable, "bench/gpu_prepared_policy.py", "--hf-only", "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.load(open(tmp_path / "prepared_policy_vllm.json"))
+    rows = {r["case"]: r for r in result["cases"]}
+    assert result["ok"] and result["hf_only"] and set(rows) == {"llama_untied_resized", "qwen2_tied_spare_rows"}
+    resized, spare = rows["llama_untied_resized"], rows["qwen2_tied_spare_rows"]
+    assert resized["vocab_rows"] == resized["tokenizer_len"]  # two rows added for the two tags
+    assert spare["vocab_rows"] == spare["tokenizer_len"] + 22  # two of the 24 spare rows taken
+    for r in rows.values():
+        assert sorted(ids[0] for ids in r["hf_tags"].values()) == [r["tokenizer_len"] - 2, r["tokenizer_len"] - 1]
