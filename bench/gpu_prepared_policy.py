@@ -29,7 +29,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TOLERANCE = {"float32": 2e-3, "bfloat16": 0.1}
+# The largest |log-prob vLLM - transformers| a correct load shows. Measured (2026-11-28, H200, vLLM 0.26.0, float32):
+# 1.9e-3 (Llama, resized) and 5.8e-3 (Qwen2, tied, spare rows), with every greedy token equal: vLLM's float32 kernels
+# are not transformers'. The first run held the check to 2e-3, and the Qwen2 case exceeded it. A tag row read
+# wrong (another row, zeros, never written) moves the log-probs after the tag by the logits' scale, O(1) here.
+TOLERANCE = {"float32": 1e-2, "bfloat16": 0.1}
 TEXT = "<think> let me think step by step: 12 + 7 = 19 </think> the answer is 19"
 PROMPT = "what is 12 + 7? <think>"
 # name: (architecture, world tokenizer, tied head, spare embedding rows past the tokenizer)
@@ -120,7 +124,15 @@ def check_case(name: str, work: str, hf_only: bool) -> dict:
         dtype = "bfloat16"
         hf = hf_side(folder, dtype)
         seen = vllm_side(folder, hf, dtype)
-    diff = max(abs(a - b) for a, b in zip(seen["logprobs"], hf["logprobs"], strict=True))
+    diffs = [abs(a - b) for a, b in zip(seen["logprobs"], hf["logprobs"], strict=True)]
+    diff = max(diffs)
+    # the positions that read a tag's new rows: the prediction right after a tag (its embedding row) and the
+    # prediction of a tag (its head row: the embedding row again when tied)
+    tag_ids = {ids[0] for ids in hf["tags"].values()}
+    after_tag = [d for d, prev, token in zip(diffs, hf["ids"][:-1], hf["ids"][1:], strict=True)
+                 if prev in tag_ids or token in tag_ids]
+    row.update(per_position_diff=[float(f"{d:.3g}") for d in diffs],
+               max_abs_logprob_diff_after_tags=max(after_tag) if after_tag else None)
     row.update(dtype=dtype, vllm_tags=seen["tags"], max_abs_logprob_diff=diff, hf_greedy=hf["greedy"],
                vllm_greedy=seen["greedy"], greedy_equal=seen["greedy"] == hf["greedy"])
     row["checks"].update(vllm_tags_equal=seen["tags"] == hf["tags"], logprobs_equal=diff <= TOLERANCE[dtype])
@@ -141,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(a.out, "prepared_policy_vllm.json"), "w") as f:
         json.dump({"tolerance": TOLERANCE, "hf_only": a.hf_only, "ok": ok, "cases": rows}, f, indent=1)
     for r in rows:
-        extra = "" if a.hf_only else (f", {r['dtype']}: max |logprob vLLM - HF| {r['max_abs_logprob_diff']:.2e}, "
-                                      f"greedy tokens {'equal' if r['greedy_equal'] else 'differ'}")
+        extra = "" if a.hf_only else (f", {r['dtype']}: max |logprob vLLM - HF| {r['max_abs_logprob_diff']:.2e} "
+                                      f"(at the tags {r['max_abs_logprob_diff_after_tags']:.2e}), greedy tokens "
+                                      f"{'equal' if r['greedy_equal'] else 'differ'}")
         print(f"{r['case']}: {r['vocab_rows']} embedding rows for {r['tokenizer_len']} tokens, tags "
               f"{r['hf_tags']}{extra}: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in r["checks"].items()))
     print("prepared policy: " + ("all checks pass" if ok else "a check FAILED"))
