@@ -450,13 +450,24 @@ def measure(cell: Cell, a, models: dict[str, str], data: str, gpu_gib: float, ti
         row.update(read_log(cell, f.read(), a.steps))
     if row["outcome"] == "runs" and row.get("first_step_s") is None:  # a launcher without the start-up metrics
         row["first_step_s"] = result["step_logged_at_s"].get(min(result["step_logged_at_s"]))
-    # the next cell needs the GPUs back; a cleanup that fails must not cost this cell's row (it did once: the `ray`
-    # command is not on PATH where Ray is installed with pip --target)
-    try:
-        row["after_gib"] = wait_for_free_gpus() if shutil.which("nvidia-smi") else {}
-    except Exception as e:  # noqa: BLE001
-        row["cleanup_error"] = repr(e)[-500:]
     return row
+
+
+def clean_up() -> dict:
+    """Wait for the GPUs before the next cell; called after the cell's row is on disk. A cleanup that fails must not
+    cost the row (it did once: the `ray` command is not on PATH where Ray is installed with pip --target), nor may
+    its wait (a device call that copied the results while a cell waited here found no row)."""
+    try:
+        return {"after_gib": wait_for_free_gpus() if shutil.which("nvidia-smi") else {}}
+    except Exception as e:  # noqa: BLE001
+        return {"cleanup_error": repr(e)[-500:]}
+
+
+def save(result: dict, out: str) -> None:
+    """``capacity.json`` in ``out``, replaced whole (a reader never sees half a file)."""
+    with open(os.path.join(out, "capacity.json.tmp"), "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(os.path.join(out, "capacity.json.tmp"), os.path.join(out, "capacity.json"))
 
 
 def rows_from_logs(pairs: list[str], steps: int, gpu_gib: float) -> list[dict]:
@@ -563,6 +574,7 @@ def main(argv: list[str] | None = None) -> None:
         kept = os.path.join(a.work, cell.name.replace("/", "_") + ".result.json")
         left = a.budget_s - (time.time() - start)
         need = estimate_s(cell, a.steps, shapes)
+        ran = False
         if os.path.isfile(kept) and not a.fresh:
             row = {**json.load(open(kept)), "from_earlier_call": True}
             print(f"{cell.name}: measured in an earlier call on this machine (--fresh to measure again)", flush=True)
@@ -579,6 +591,7 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"model {name}: {models[name]} ({time.time() - t0:.0f} s)", flush=True)
             left = a.budget_s - (time.time() - start)
             print(f"===== {cell.name} (~{need:.0f} s; {left:.0f} s left)", flush=True)
+            ran = True
             try:
                 row = measure(cell, a, models, data, gpu_gib, timeout=min(left - 20, 3 * need + 300))
             except Exception as e:  # noqa: BLE001  (one broken cell must not cost the others' results)
@@ -590,9 +603,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{cell.name}: {row.get('outcome')} {row.get('stage') or ''} peak {row.get('peak_gib')} "
                   f"step {row.get('step_s')} s", flush=True)
         result["cells"].append(row)
-        with open(os.path.join(a.out, "capacity.json.tmp"), "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(os.path.join(a.out, "capacity.json.tmp"), os.path.join(a.out, "capacity.json"))
+        save(result, a.out)  # the row first, then the wait for the GPUs
+        if ran:
+            row.update(clean_up())
+            save(result, a.out)
     print_table(result)
 
 

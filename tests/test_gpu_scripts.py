@@ -776,6 +776,31 @@ def test_a_run_on_its_own_gpus_reads_only_their_memory_and_never_stops_ray(capac
     assert capacity.visible_gpus() is None and len(capacity.MemorySampler.used()) == 4
 
 
+def test_a_cell_row_is_on_disk_before_the_wait_for_the_gpus(capacity, monkeypatch, tmp_path):
+    # a device call copied capacity.json while the cells were still waiting for their GPUs to empty (up to 90 s):
+    # the three measured rows were not in it. Now each row is written, then the wait runs, then the row again.
+    seen = []
+
+    def measure(cell, a, models, data, gpu_gib, timeout):
+        return {**capacity.cell_row(cell, capacity.plan(cell, gpu_gib)), "outcome": "runs", "step_s": 38.6}
+
+    def clean_up():
+        on_disk = json.load(open(tmp_path / "out" / "capacity.json"))
+        seen.append([row["cell"] for row in on_disk["cells"]])
+        return {"after_gib": {0: 0.5}}
+
+    monkeypatch.setattr(capacity, "measure", measure)
+    monkeypatch.setattr(capacity, "clean_up", clean_up)
+    monkeypatch.setattr(capacity, "build_model", lambda path, shape, seed: path)
+    monkeypatch.setattr(sys, "argv", ["capacity.py", "--tiny", "--engine", "hf", "--cells",
+                                      "1.5b+0.5b/2k/1gpu,3b+0.5b/2k/1gpu", "--out", str(tmp_path / "out"),
+                                      "--work", str(tmp_path / "work"), "--models", str(tmp_path / "models")])
+    capacity.main()
+    assert seen == [["1.5b+0.5b/2k/1gpu"], ["1.5b+0.5b/2k/1gpu", "3b+0.5b/2k/1gpu"]]
+    final = json.load(open(tmp_path / "out" / "capacity.json"))["cells"]
+    assert [row["after_gib"] for row in final] == [{"0": 0.5}, {"0": 0.5}]
+
+
 def test_the_committed_capacity_rows_are_what_their_logs_say(capacity):
     wave = os.path.join(REPO, "bench", "gpu_results", "wave10")
     committed = json.load(open(os.path.join(wave, "capacity.json")))
