@@ -452,12 +452,15 @@ def test_several_changes_misuse_is_refused(changes, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_no_change_has_a_before_path_today(capsys):
-    # the recorded pairs' before paths are gone (bench_switches): --before dispatch is refused before any run
+def test_the_recorded_pairs_are_refused_and_the_open_ones_parse(capsys):
+    # the recorded pairs' before paths are gone (bench_switches): --before dispatch is refused before any run; the
+    # one-GPU overheads' pairs (the per-parameter weight sync, log-probs on every step) parse
     step_time = _bench("step_time")
     with pytest.raises(SystemExit):
         step_time.parse_cli(["--interleave", "--before", "dispatch"])
-    assert "a comma-separated list of no change" in capsys.readouterr().err
+    assert "--before dispatch: a comma-separated list of weightsync, mismatch, each at most once" in (
+        capsys.readouterr().err)
+    assert step_time.parse_cli(["--interleave", "--before", "weightsync,mismatch"]).before == "weightsync,mismatch"
 
 
 def _call(ratio: float, paired: float, steady: int) -> dict:

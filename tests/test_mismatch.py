@@ -168,8 +168,59 @@ def test_metrics_off_leaves_upstreams_request_unchanged(monkeypatch):
     params = _dispatched_params(monkeypatch, _args("--engine.no_mismatch_metrics", "--engine.backend", "vllm"))
     assert params.logprobs is None and params.output_kind == RequestOutputKind.CUMULATIVE and params.detokenize
     assert params.flat_logprobs is False
-    with pytest.raises(SystemExit, match="--engine.mismatch_warn_threshold warns on the mismatch metrics"):
-        _args("--engine.no_mismatch_metrics", "--engine.mismatch_warn_threshold", "0.5")
+    for flag, value in (("--engine.mismatch_warn_threshold", "0.5"), ("--engine.mismatch_interval", "1")):
+        with pytest.raises(SystemExit, match=f"{flag} sets the mismatch metrics, which --engine.no_mismatch_metrics "
+                                             "turns off: drop one of the two"):
+            _args("--engine.no_mismatch_metrics", flag, value)
+
+
+def test_measured_steps_are_the_first_two_then_every_interval():
+    assert [s for s in range(1, 21) if mismatch.measured_step(s, 5)] == [1, 2, 5, 10, 15, 20]
+    assert [s for s in range(1, 6) if mismatch.measured_step(s, 1)] == [1, 2, 3, 4, 5]
+    assert [s for s in range(1, 13) if mismatch.measured_step(s, 4)] == [1, 2, 4, 8, 12]
+
+
+def test_a_step_between_measurements_asks_for_no_log_probs(monkeypatch):
+    # vLLM computes log-probs for its whole running batch once one request asks: an unmeasured step asks in none
+    # of its requests, and keeps the other cheap settings (one final output, no detokenised text)
+    from vllm.sampling_params import RequestOutputKind
+
+    monkeypatch.setattr(mismatch, "_measuring", True)  # restored after
+    mismatch.set_measuring(False)
+    params = _dispatched_params(monkeypatch, _args("--engine.backend", "vllm"))
+    assert params.logprobs is None and params.flat_logprobs is False
+    assert params.output_kind == RequestOutputKind.FINAL_ONLY and params.detokenize is False
+    # upstream's IS correction reads the log-probs on every step: they are asked for whatever the interval
+    params = _dispatched_params(monkeypatch, _args("--engine.backend", "vllm", "--algo.advantage.is_correction_level",
+                                                   "token"))
+    assert params.logprobs == 0 and params.flat_logprobs is True
+    mismatch.set_measuring(True)
+    assert _dispatched_params(monkeypatch, _args("--engine.backend", "vllm")).logprobs == 0
+
+
+def test_the_samples_generator_measures_steps_one_two_and_every_interval(monkeypatch):
+    # upstream's real samples generator, our subclass: each rollout batch sets whether its requests ask for the
+    # log-probs; the step-time benchmark's "mismatch" before path asks on every step of its blocks
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    from openrlhf_classmate.integration import bench_switches
+    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+
+    monkeypatch.setattr(mismatch, "_measuring", True)
+    seen = []
+    monkeypatch.setattr(SamplesGenerator, "generate_samples",
+                        lambda self, **kw: seen.append(mismatch._measuring) or ([], 0.0, 0, False))
+    generator = ClassmateSamplesGenerator.__new__(ClassmateSamplesGenerator)
+    generator.args = _args("--engine.mismatch_interval", "3")
+    for _ in range(7):
+        generator.generate_samples()
+    assert seen == [True, True, True, False, False, True, False]  # steps 1, 2, 3, 6
+    monkeypatch.setenv(bench_switches.BEFORE_ENV, "mismatch")  # blocks of one step: after, before, after, ...
+    seen.clear()
+    generator.rollout_batches = 0
+    for _ in range(7):
+        generator.generate_samples()
+    assert seen == [True, True, True, True, False, True, False]  # + the before steps 2, 4, 6
 
 
 # ── the HF engine: the actor's log-probs of the sampled tokens, after temperature ──

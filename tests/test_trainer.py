@@ -229,7 +229,7 @@ def test_each_step_reports_the_mismatch_and_warns_once_above_the_threshold(monke
     monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", fake_step)
     trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
     trainer.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
-                               "--engine.mismatch_warn_threshold", "0.05"])
+                               "--engine.mismatch_warn_threshold", "0.05", "--engine.mismatch_interval", "1"])
     trainer.classmate_stage, trainer.judge_client = None, None
     trainer.experience_maker = SimpleNamespace(last_mismatch=None)
     status, step = trainer.train_step([], 0)
@@ -244,6 +244,16 @@ def test_each_step_reports_the_mismatch_and_warns_once_above_the_threshold(monke
     status, step = trainer.train_step([], 2)  # rollouts without log-probs: no metric, said once
     assert not [k for k in status if k.startswith("mismatch/")]
     assert lines[-1].startswith("step 3: no mismatch/* metrics")
+    # with the default --engine.mismatch_interval (5) step 3 is not measured: no metric, and nothing to say
+    lines.clear()
+    trainer.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl"])
+    trainer._mismatch_steps, trainer._reported_no_mismatch = 2, False
+    measured = iter([None, None])
+    status, step = trainer.train_step([], 3)
+    assert not [k for k in status if k.startswith("mismatch/")] and not lines
+    trainer._mismatch_steps = 4
+    trainer.train_step([], 4)  # step 5 is measured: its missing log-probs are said
+    assert len(lines) == 1 and lines[0].startswith("step 5: no mismatch/* metrics")
 
 
 def test_a_run_whose_classmate_scores_are_all_invalid_stops_like_one_without_main_scores(monkeypatch):

@@ -11,7 +11,8 @@ machine drift, so that each comparison is a pair measured inside one device call
   ``bench/step_time.py --before`` splits the steps by.
 
 The pairs recorded so far (``dispatch``, ``seeds``, ``syncs``: ``bench/GPU_RESULTS.md``, ``bench/gpu_results/wave9``)
-had their before paths removed, so :data:`BEFORE_CHANGES` is empty. A new pair plugs in with two edits: its name in
+had their before paths removed; :data:`BEFORE_CHANGES` lists the pairs not measured yet. A new pair plugs in with two
+edits: its name in
 :data:`BEFORE_CHANGES`, and one branch where its old code ran, ``if before_path(step) == "<name>": <the old path>``,
 ``step`` being the 1-based rollout batch (the experience maker's ``_batches_made``; a process without it, such as
 the actor, counts its own steps from the run's start). Remove both once its figures are recorded.
@@ -23,8 +24,11 @@ import os
 
 ALTERNATE_ENV = "OPENRLHF_CLASSMATE_BENCH_ALTERNATE"
 BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
-# the changes whose before path the code still holds (none today: see the module docstring)
-BEFORE_CHANGES: tuple[str, ...] = ()
+# the changes whose before path the code still holds: the one-GPU overheads' pairs, each measured as before/after in
+# one run (bench/step_time.py --interleave --before ...):
+#   weightsync: upstream's per-parameter CUDA-IPC weight sync (the actor's own sync count; integration/actor.py)
+#   mismatch:   the sampled tokens' log-probs requested on every step (integration/samples_generator.py)
+BEFORE_CHANGES: tuple[str, ...] = ("weightsync", "mismatch")
 
 
 def alternating() -> bool:

@@ -329,6 +329,24 @@ class EngineConfig:
                           "text; off, upstream's request is sent unchanged. Its cost is vLLM's per-token log-prob "
                           "path in Python, measured in README, 'Train-inference mismatch'"},
     )
+    mismatch_interval: int = field(
+        default=5,
+        metadata={"help": "the policy engines return the sampled tokens' log-probs for the mismatch metrics on steps "
+                          "1 and 2 (the first load of the weights and the first sync), then on every N-th step (1: "
+                          "every step). vLLM computes log-probs for its whole running batch once one request asks for "
+                          "them, so the cost comes with each measured step, not with a share of the requests; steps "
+                          "in between log no mismatch/* values. With --algo.advantage.is_correction_level upstream "
+                          "asks for them on every step, and every step is measured",
+                  "range": POSITIVE_INT},
+    )
+    weight_sync_bucket_mb: int = field(
+        default=512,
+        metadata={"help": "vllm backend with --train.colocate_all (CUDA IPC): the actor sends its weights to the "
+                          "policy engines in buckets of at most this many MiB, one IPC handle and one engine call per "
+                          "bucket, instead of upstream's one per parameter (integration/weight_sync.py). Each bucket "
+                          "is one extra buffer on each actor GPU while it is sent. 0: upstream's per-parameter sync",
+                  "range": Bound(lo=0)},
+    )
     mismatch_warn_threshold: float = field(
         default=0.1,
         metadata={"help": "one warning line naming the step when mismatch/logprob_abs_diff_mean (nats per response "
@@ -466,9 +484,11 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
     engine = args.engine
     if engine.kv_cache_gib is not None and engine.backend == "hf":
         _fail("--engine.kv_cache_gib sizes vLLM's KV cache; the HF engines (--engine.backend hf) have none: drop it")
-    if engine.no_mismatch_metrics and engine.mismatch_warn_threshold != EngineConfig.mismatch_warn_threshold:
-        _fail("--engine.mismatch_warn_threshold warns on the mismatch metrics, which --engine.no_mismatch_metrics "
-              "turns off: drop one of the two")
+    if engine.no_mismatch_metrics:
+        for name in ("mismatch_warn_threshold", "mismatch_interval"):
+            if getattr(engine, name) != getattr(EngineConfig, name):
+                _fail(f"--engine.{name} sets the mismatch metrics, which --engine.no_mismatch_metrics turns off: drop "
+                      "one of the two")
     if not classmate_enabled(args):
         for name, default in (("estimator", None), ("loss", "auto"), ("scorer", "auto")):
             if getattr(cfg, name) != default:

@@ -4,7 +4,10 @@ What runs where:
 
 * rollout request (the process that generates: the sync controller, or the async rollout actor):
   :func:`install_rollout_request` makes upstream's ``samples_generator`` build every policy request with
-  ``logprobs=0`` (the sampled token's log-prob only: no top-k entries), ``output_kind=FINAL_ONLY`` (one output per
+  ``logprobs=0`` on measured steps (the sampled token's log-prob only: no top-k entries; steps 1 and 2, then every
+  ``--engine.mismatch_interval``-th: :func:`measured_step`, set per rollout batch by the samples generator through
+  :func:`set_measuring`; vLLM computes log-probs for its whole running batch once one request asks, so a step
+  measures all of its requests or none), ``output_kind=FINAL_ONLY`` (one output per
   request instead of one per generated token), on vLLM ``flat_logprobs=True`` and, when the policy executor never
   reads the decoded text (no ``--train.agent_func_path``), ``detokenize=False`` (vLLM then decodes neither the text
   nor a string per log-prob entry). Upstream's executor turns the engine's log-probs into ``rollout_log_probs`` (``utils/agent.py``) as it
@@ -33,9 +36,26 @@ def enabled(args: SimpleNamespace) -> bool:
     return not getattr(args.engine, "no_mismatch_metrics", False)
 
 
+# whether this process's next rollout requests ask for the sampled tokens' log-probs (the samples generator sets it
+# per rollout batch: measured_step)
+_measuring = True
+
+
+def measured_step(step: int, interval: int) -> bool:
+    """Whether rollout batch ``step`` (1-based) measures the mismatch: steps 1 and 2 (the weights as loaded, then the
+    first sync), then every ``interval``-th (``--engine.mismatch_interval``)."""
+    return step <= 2 or step % interval == 0
+
+
+def set_measuring(on: bool) -> None:
+    """Whether the rollout requests this process builds from now on ask for the sampled tokens' log-probs."""
+    global _measuring
+    _measuring = on
+
+
 def rollout_sampling_params(args: SimpleNamespace) -> Callable:
     """Stands in for ``vllm.SamplingParams`` inside upstream's ``samples_generator``: the same call, plus the cheap
-    sampled-token log-prob request (module docstring)."""
+    sampled-token log-prob request on measured steps (module docstring; :func:`set_measuring`)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -48,12 +68,13 @@ def rollout_sampling_params(args: SimpleNamespace) -> Callable:
     flat = args.engine.backend == "vllm"
 
     def build(**kwargs) -> SamplingParams:
-        kwargs["logprobs"] = 0  # also where upstream asks for 1 (IS correction): it reads the sampled token only
+        if _measuring or kwargs.get("logprobs") is not None:
+            kwargs["logprobs"] = 0  # also where upstream asks for 1 (IS correction): it reads the sampled token only
+            if flat:
+                kwargs["flat_logprobs"] = True
         kwargs["output_kind"] = RequestOutputKind.FINAL_ONLY
         if not detokenize:
             kwargs["detokenize"] = False
-        if flat:
-            kwargs["flat_logprobs"] = True
         return SamplingParams(**kwargs)
 
     return build

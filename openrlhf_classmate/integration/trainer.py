@@ -185,7 +185,12 @@ class ClassmateControllerMixin(BasePPOTrainer):
         if maker is None:
             return {}
         measured, maker.last_mismatch = maker.last_mismatch, None
-        if measured is None and mismatch.enabled(self.args) and not getattr(self, "_reported_no_mismatch", False):
+        # the rollout batches of this run so far, as the samples generator counts them (one per step; a resumed run
+        # counts from its start)
+        self._mismatch_steps = getattr(self, "_mismatch_steps", 0) + 1
+        expected = mismatch.enabled(self.args) and mismatch.measured_step(self._mismatch_steps,
+                                                                          self.args.engine.mismatch_interval)
+        if measured is None and expected and not getattr(self, "_reported_no_mismatch", False):
             self._reported_no_mismatch = True
             logger.warning(f"step {step}: no mismatch/* metrics: the rollouts came without the engines' log-probs "
                            "(a --train.agent_func_path agent that returns no rollout_log_probs?)")

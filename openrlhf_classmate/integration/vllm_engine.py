@@ -18,6 +18,11 @@ import os
 
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
+from openrlhf_classmate.integration.weight_sync import WORKER_EXTENSION
+
+# the worker extension upstream's create_vllm_engines names (checked by tests/test_weight_sync.py against its source)
+UPSTREAM_WORKER_EXTENSION = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
+
 # --engine.kv_cache_gib reaches the engine actors through the environment (the launcher's Ray runtime env):
 # upstream's create_vllm_engines builds their keyword arguments and has no parameter for it
 KV_CACHE_ENV = "OPENRLHF_CLASSMATE_KV_CACHE_BYTES"
@@ -31,9 +36,14 @@ def engine_env(args) -> dict[str, str]:
 
 def engine_kwargs(kwargs: dict, environ=os.environ) -> dict:
     """``vllm.AsyncEngineArgs`` keyword arguments with the launcher's fixed KV-cache size, if it set one: vLLM then
-    reserves that many bytes instead of profiling the GPU's free memory (``kv_cache_memory_bytes``)."""
+    reserves that many bytes instead of profiling the GPU's free memory (``kv_cache_memory_bytes``); and our worker
+    extension (upstream's plus the bucketed weight load, ``weight_sync.BucketWorkerWrap``) where upstream names
+    its own."""
     size = environ.get(KV_CACHE_ENV)
-    return {**kwargs, "kv_cache_memory_bytes": int(size)} if size else dict(kwargs)
+    out = {**kwargs, "kv_cache_memory_bytes": int(size)} if size else dict(kwargs)
+    if out.get("worker_extension_cls") == UPSTREAM_WORKER_EXTENSION:
+        out["worker_extension_cls"] = WORKER_EXTENSION
+    return out
 
 
 class CountingRolloutActor(RolloutRayActor.__ray_actor_class__):
@@ -58,6 +68,13 @@ class CountingRolloutActor(RolloutRayActor.__ray_actor_class__):
 
     async def update_weight_cuda_ipc(self, name, dtype, shape, ipc_handles, empty_cache=False):
         result = await super().update_weight_cuda_ipc(name, dtype, shape, ipc_handles, empty_cache)
+        self._count(bool(empty_cache))
+        return result
+
+    async def update_weights_cuda_ipc_bucket(self, metas, ipc_handles, empty_cache=False):
+        """A bucket of parameters through one CUDA-IPC handle (``weight_sync``); ``empty_cache`` marks the last."""
+        result = await self.llm.collective_rpc("update_weights_cuda_ipc_bucket", args=(metas, ipc_handles, empty_cache))
+        self._num_weights_received += len(metas) - 1  # _count adds the last one
         self._count(bool(empty_cache))
         return result
 
