@@ -181,8 +181,8 @@ def test_measured_steps_are_the_first_two_then_every_interval():
 
 
 def test_a_step_between_measurements_asks_for_no_log_probs(monkeypatch):
-    # vLLM computes log-probs for its whole running batch once one request asks: an unmeasured step asks in none
-    # of its requests, and keeps the other cheap settings (one final output, no detokenised text)
+    # a step between measurements asks for log-probs in none of its requests (upstream's request), and keeps the
+    # other cheap settings (one final output, no detokenised text)
     from vllm.sampling_params import RequestOutputKind
 
     monkeypatch.setattr(mismatch, "_measuring", True)  # restored after

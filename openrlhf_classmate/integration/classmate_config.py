@@ -333,10 +333,11 @@ class EngineConfig:
         default=5,
         metadata={"help": "the policy engines return the sampled tokens' log-probs for the mismatch metrics on steps "
                           "1 and 2 (the first load of the weights and the first sync), then on every N-th step (1: "
-                          "every step). vLLM computes log-probs for its whole running batch once one request asks for "
-                          "them, so the cost comes with each measured step, not with a share of the requests; steps "
-                          "in between log no mismatch/* values. With --algo.advantage.is_correction_level upstream "
-                          "asks for them on every step, and every step is measured",
+                          "every step). A measured step asks for every request's log-probs, so each reading covers "
+                          "a whole rollout batch (the same population every time, and vLLM's log-softmax over its "
+                          "running batch is paid only then); the steps in between ask for none, as upstream's "
+                          "request does, and log no mismatch/* values. With --algo.advantage.is_correction_level "
+                          "upstream asks for them on every step, and every step is measured",
                   "range": POSITIVE_INT},
     )
     weight_sync_bucket_mb: int = field(

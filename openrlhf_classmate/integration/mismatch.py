@@ -6,8 +6,8 @@ What runs where:
   :func:`install_rollout_request` makes upstream's ``samples_generator`` build every policy request with
   ``logprobs=0`` on measured steps (the sampled token's log-prob only: no top-k entries; steps 1 and 2, then every
   ``--engine.mismatch_interval``-th: :func:`measured_step`, set per rollout batch by the samples generator through
-  :func:`set_measuring`; vLLM computes log-probs for its whole running batch once one request asks, so a step
-  measures all of its requests or none), ``output_kind=FINAL_ONLY`` (one output per
+  :func:`set_measuring`; a step measures all of its requests or none, so every reading covers a whole rollout
+  batch), ``output_kind=FINAL_ONLY`` (one output per
   request instead of one per generated token), on vLLM ``flat_logprobs=True`` and, when the policy executor never
   reads the decoded text (no ``--train.agent_func_path``), ``detokenize=False`` (vLLM then decodes neither the text
   nor a string per log-prob entry). Upstream's executor turns the engine's log-probs into ``rollout_log_probs`` (``utils/agent.py``) as it
