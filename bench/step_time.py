@@ -90,6 +90,10 @@ TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
 # (row label, tensorboard tag under train/); GRPO has no classmate/* rows
 ROWS = [
     ("generation (rollout + main reward)", "timing/generation"),
+    ("  engines: generation + main reward", "rollout/engines_s"),
+    ("  responses to experiences", "rollout/process_s"),
+    ("  engines' wake-up + sleep", "rollout/wake_sleep_s"),
+    ("  first prompt group back", "rollout/first_group_s"),
     ("make experience", "timing/make_experience"),
     ("  classmate stage", "classmate/stage_time"),
     ("    inputs + dispatch", "classmate/dispatch_time"),
@@ -419,6 +423,33 @@ def throughput(row: dict, samples_per_step: int, gpus: int) -> dict:
             "weight_sync_median_s": round(statistics.median(syncs), 3) if syncs else None}
 
 
+def standalone(a, row: dict, left_s: float) -> dict:
+    """The policy engine alone (``bench/vllm_generation_logprobs.py``: one ``AsyncLLMEngine``, the same model, each
+    engine's share of the batch at once, upstream's request without log-probs, 3 rounds after a warm-up) against
+    the run's rollout phase: ``rollout_vs_standalone`` per kind, the trainer's generated tokens/s per engine over the
+    median ``timing/generation`` divided by the standalone engine's. Run after the launcher, on the GPU it left."""
+    import subprocess
+
+    out = os.path.join(a.work, "standalone.json")
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_generation_logprobs.py"),
+           "--requests", str(a.prompts * a.samples // a.gpus), "--tokens", str(a.new_tokens), "--prompt-len", "32",
+           "--rounds", "3", "--variants", "upstream,mismatch", "--gpu-memory-utilization", "0.3",
+           "--models", a.models, "--out", out]
+    try:
+        subprocess.run(cmd, check=True, timeout=max(left_s, 1))
+        engine = json.load(open(out))
+    except (subprocess.SubprocessError, OSError, ValueError) as e:
+        return {"standalone": {"error": repr(e)[-500:]}}
+    alone = engine["variants"]["upstream"]["tokens_per_s"]
+    length = row.get("response_length") or a.new_tokens
+    ratios = {}
+    for kind in ("grpo", "gdpo"):
+        median = ((row.get(kind) or {}).get("stats", {}).get("timing/generation") or {}).get("median")
+        if median:
+            ratios[kind] = round(a.prompts * a.samples / a.gpus * length / median / alone, 3)
+    return {"standalone": engine, "rollout_vs_standalone": ratios}
+
+
 def scaling(one: dict, two: dict) -> dict:
     """Tokens/s per GPU of a multi-GPU interleaved call over a one-GPU call's, per kind (target
     :data:`SCALING_TARGET`): the last call of each JSON. Refused (``ValueError``) unless both ran the same per-GPU
@@ -515,11 +546,14 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
     else:
         row = _guarded_run("interleaved", a, policy, classmate, data, timeout=interleaved_timeout(left),
                            interleave=True)
+    if a.standalone and row.get("exit") == 0:
+        row.update(standalone(a, row, a.budget_s - (time.time() - start) - 10))
     row["call"] = len(calls) + 1
     calls.append(row)
     result.update(calls=calls, **combine_calls(calls))
     # this call's start-up, weight sync and throughput at the top, readable without the table
-    result.update({k: row.get(k) for k in ("first_step_s", "weight_sync_median_s", "tokens_per_s_per_gpu")})
+    result.update({k: row.get(k) for k in ("first_step_s", "weight_sync_median_s", "tokens_per_s_per_gpu",
+                                            "rollout_vs_standalone")})
     for path in (state_path, out_path):
         with open(path + ".tmp", "w") as f:
             json.dump(result, f, indent=1)
@@ -714,6 +748,10 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
                         "GPU, the policy and classmate engines on the other")
     p.add_argument("--classmate-memory", type=float, default=None,
                    help="--classmate.gpu_memory_utilization (default 0.2 colocate_all, 0.35 split)")
+    p.add_argument("--standalone", action="store_true",
+                   help="with --interleave: after the run, the policy engine alone on the same batch "
+                        "(bench/vllm_generation_logprobs.py), and the rollout phase's tokens/s against it "
+                        "(rollout_vs_standalone per kind)")
     p.add_argument("--scaling", nargs=2, default=None, metavar=("ONE_GPU_JSON", "TWO_GPU_JSON"),
                    help="run nothing: tokens/s per GPU of two interleaved JSONs' last calls, multi over one GPU, per "
                         f"kind (target {SCALING_TARGET}), printed and written to --out as scaling.json")
@@ -731,6 +769,9 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--interleave --runs gdpo needs --before: a run of GDPO steps only compares the paths of its changes")
     if a.previous and not a.interleave:
         p.error("--previous needs --interleave: it counts earlier interleaved calls with this one")
+    if a.standalone and (not a.interleave or a.engine != "vllm" or a.tiny):
+        p.error("--standalone compares an interleaved run's rollout with a real vLLM engine: --interleave, "
+                "--engine vllm, no --tiny")
     if a.previous and not os.path.isfile(a.previous):
         p.error(f"--previous {a.previous}: no such file")
     return a

@@ -175,3 +175,25 @@ def test_each_kept_group_sends_its_classmate_requests_as_soon_as_it_is_generated
     plain.classmate_dispatch, plain.dispatch_next_per_group = Dispatch(), lambda: False
     samples = plain.generate_samples()[0]
     assert type(samples) is list and len(samples) == 8 and plain.classmate_dispatch.calls == []
+
+
+def test_each_rollout_batch_reports_where_its_seconds_went(judge, monkeypatch):
+    # rollout/* (the controller adds them to the step's status): the engines' share (their generation and the main
+    # reward in their executors), the processing of the responses here, the wake-up / sleep around them
+    import time
+
+    from openrlhf_classmate.integration.samples_generator import rollout_parts
+
+    assert rollout_parts(10.0, 9.0, 1.5, 4.0) == {"rollout/wake_sleep_s": 1.0, "rollout/engines_s": 7.5,
+                                                  "rollout/process_s": 1.5, "rollout/first_group_s": 4.0}
+    ours, engine = _generator(ClassmateSamplesGenerator, {"p3": ANSWERS["p3"], "p4": ANSWERS["p4"]},
+                              filtering=False)
+    generate = engine._generate
+    engine.generate_responses = SimpleNamespace(remote=lambda *a, **k: time.sleep(0.4) or generate(*a, **k))
+    samples = ours.generate_samples()[0]
+    parts = ours.parts
+    assert len(samples) == 8 and set(parts) == {"rollout/wake_sleep_s", "rollout/engines_s", "rollout/process_s",
+                                                 "rollout/first_group_s"}
+    # the stand-in engine answers at dispatch (Ray's get is the identity here): 2 x 0.4 s before the first group
+    assert 0.8 <= parts["rollout/engines_s"] < 2.5 and parts["rollout/first_group_s"] >= 0.8
+    assert 0 < parts["rollout/process_s"] < parts["rollout/engines_s"] and parts["rollout/wake_sleep_s"] < 0.2

@@ -838,3 +838,32 @@ def test_the_prepared_policy_check_runs_its_transformers_half_on_cpu(tmp_path):
     assert spare["vocab_rows"] == spare["tokenizer_len"] + 22  # two of the 24 spare rows taken
     for r in rows.values():
         assert sorted(ids[0] for ids in r["hf_tags"].values()) == [r["tokenizer_len"] - 2, r["tokenizer_len"] - 1]
+
+
+def test_the_rollout_against_the_engine_alone_is_tokens_per_engine_over_the_standalone_rate(tmp_path, monkeypatch,
+                                                                                          capsys):
+    # --standalone: after the run, bench/vllm_generation_logprobs.py times the policy engine alone on each engine's
+    # share of the batch; the ratio is the rollout phase's tokens/s per engine over the engine's own
+    step_time = _bench("step_time")
+    a = step_time.parse_cli(["--gpus", "2", "--prompts", "64", "--interleave", "--standalone", "--work",
+                             str(tmp_path), "--models", str(tmp_path / "models")])
+    seen = {}
+
+    def run(cmd, check, timeout):
+        seen["cmd"] = cmd
+        out = cmd[cmd.index("--out") + 1]
+        json.dump({"variants": {"upstream": {"tokens_per_s": 26_000}, "mismatch": {"tokens_per_s": 17_000}}},
+                  open(out, "w"))
+
+    monkeypatch.setattr(subprocess, "run", run)
+    row = {"response_length": 512.0, "grpo": {"stats": {"timing/generation": {"median": 10.24}}},
+           "gdpo": {"stats": {"timing/generation": {"median": 12.8}}}}
+    got = step_time.standalone(a, row, 300)
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("--requests") + 1] == "256" and cmd[cmd.index("--tokens") + 1] == "512"  # per engine
+    # 256 x 512 tokens per engine in 10.24 s = 12,800 tokens/s, against 26,000 alone
+    assert got["rollout_vs_standalone"] == {"grpo": round(12_800 / 26_000, 3), "gdpo": round(10_240 / 26_000, 3)}
+    for argv in (["--standalone"], ["--interleave", "--standalone", "--tiny"]):
+        with pytest.raises(SystemExit):
+            step_time.parse_cli(argv)
+        assert "--standalone compares an interleaved run's rollout with a real vLLM engine" in capsys.readouterr().err

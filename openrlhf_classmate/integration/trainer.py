@@ -144,6 +144,8 @@ class ClassmateControllerMixin(BasePPOTrainer):
         status["skipped_invalid_step"] = 0.0
         status.update(self._judge_health(main, next_step))
         status.update(self._mismatch(next_step))
+        # where the rollout's seconds went (samples_generator.rollout_parts; the sync controller generates itself)
+        status.update(getattr(getattr(self, "samples_generator", None), "parts", None) or {})
         return status, next_step
 
     def _stop_on_invalid_classmate_scores(self) -> None:
