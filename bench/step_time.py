@@ -277,9 +277,9 @@ def launcher_step_scalars(log: str) -> dict[str, dict[int, float]]:
 
 
 # the rows of each change's before minus after difference: a change shows in the rollout, the experience making
-# (the classmate stage's generation and critical path) or the actor update, and in the step total
+# (the classmate stage's generation and critical path), the actor update or the weight sync, and in the step total
 PAIR_ROWS = ["timing/generation", "timing/make_experience", "classmate/generation_time", "classmate/wait_time",
-             "timing/ppo_train", "timing/step_total"]
+             "timing/ppo_train", "timing/broadcast", "timing/step_total"]
 
 
 def split_interleaved(tb: dict[str, dict[int, float]], skip_first: int = 1, changes: tuple[str, ...] = (),
