@@ -8,7 +8,9 @@ user would start it, against a real local judge server on 127.0.0.1 (``scoring.t
 * a torn checkpoint (the newest tag's model file cut short): the resume names the file, falls back to the previous
   complete tag and continues from there; the ``*_hf`` folders rotate with ``--ckpt.max_num``;
 * a weight sync the policy engine drops: the train-inference mismatch metrics jump by orders of magnitude
-  at the next step, which prints one warning line naming it.
+  at the next step, which prints one warning line naming it;
+* a judge that answers HTTP 200 with a body that is not JSON, and one slower than its timeout: those scores are
+  invalid and masked, counted and named, the rest train.
 
 Every row of the data carries its own judge key, so the server's request log tells which prompts each step scored.
 """
@@ -99,6 +101,32 @@ def test_judge_down_with_dynamic_filtering_stops_with_the_all_invalid_message(tm
     assert log.splitlines().count(message) == 1, log[-6000:]  # the launcher's one line (Ray's output interleaves)
     assert statuses and set(statuses) == {503}
     assert not os.path.exists(os.path.join(world["root"], "ckpt", "_actor", "latest"))  # nothing was trained
+
+
+def test_a_judge_answering_200_without_json_and_one_slower_than_its_timeout_are_masked_and_named(tmp_path):
+    """One step of 4 prompts x 4 samples: the judge answers HTTP 200 with a body that is not chat-completions JSON for
+    every answer to row 0, and for row 1 sleeps 4 s against --classmate.judge_timeout_s 1. Those 8 scores are
+    invalid and masked (never 0), counted in the judge metrics, the first failure named in one warning line; the
+    other 8 train, and the run exits 0 without waiting out the slow answers."""
+    world = build_world(str(tmp_path / "world"), num_prompts=4, judged=True,
+                        judge_directives={0: "[[fake:malformed]]", 1: "[[fake:sleep=4]]"})
+    log_path = str(tmp_path / "run.log")
+    with serve_in_thread() as server:
+        argv = launcher_argv(world, classmate=False, max_samples=4, extra=_judge_flags(server) + [
+            "--classmate.judge_timeout_s", "1"])
+        log = _launch(argv, log_path)
+        keys = _keys(list(server.requests))
+    assert sorted(keys) == ["row0", "row1", "row2", "row3"]
+    tb = tensorboard_scalars(os.path.join(world["root"], "tb"))
+    assert set(tb["train/reward"]) == {1}
+    assert tb["train/judge/requests"][1] == 16 and tb["train/judge/failures"][1] == 8
+    assert tb["train/reward/main_valid_fraction"][1] == 0.5 and tb["train/skipped_invalid_step"][1] == 0.0
+    assert tb["train/judge/latency_p95"][1] < 4.0  # the slow answers were abandoned at the timeout
+    warnings = [line for line in log.splitlines() if "judge health:" in line]
+    assert len(warnings) == 1 and "step 1: judge health: 8/16 main scores invalid (masked)" in warnings[0], warnings
+    assert "malformed" in warnings[0] or "timed out after 1" in warnings[0], warnings[0]
+    assert open(os.path.join(world["root"], "ckpt", "_actor", "latest")).read().strip() == "global_step1"
+    assert "Traceback" not in log
 
 
 def _processes() -> dict[int, tuple[int, int]]:

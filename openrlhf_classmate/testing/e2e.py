@@ -26,13 +26,15 @@ WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
 
 
 def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: int = 32, classmate_hidden: int = 16,
-                num_heads: int = 4, judged: bool = False) -> dict[str, str]:
+                num_heads: int = 4, judged: bool = False, judge_directives: dict[int, str] | None = None
+                ) -> dict[str, str]:
     """The world under ``root``. Real vLLM needs a head dimension its kernels accept (``hidden / num_heads`` a
     multiple of 8, 32 or more): the GPU runs use ``policy_hidden=classmate_hidden=256`` with 4 heads.
 
     ``judged``: the rows are rated by the LLM judge (data source ``helpful_instructions``) instead of the
     ``arithmetic`` scorer; each row's question carries ``[[fake:key=rowN]]`` for the fake judge server (see
-    :mod:`openrlhf_classmate.scoring.testing_server`), so a test can tell which rows a step scored."""
+    :mod:`openrlhf_classmate.scoring.testing_server`), so a test can tell which rows a step scored;
+    ``judge_directives`` adds more to the questions of some rows (row index -> e.g. ``"[[fake:malformed]]"``)."""
     os.makedirs(root, exist_ok=True)
     policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=policy_hidden, num_heads=num_heads,
                              seed=seed)
@@ -47,7 +49,9 @@ def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: 
             messages = [{"role": "user", "content": f"{a} + {b} = ?"}]
             if judged:
                 label = {"data_source": "helpful_instructions", "ground_truth": None,
-                         "raw_question_for_monitor": f"{a} + {b} = ? [[fake:key=row{i}]]", "messages": messages}
+                         "raw_question_for_monitor": f"{a} + {b} = ? [[fake:key=row{i}]]"
+                                                     + (f" {judge_directives[i]}" if i in (judge_directives or {}) else ""),
+                         "messages": messages}
             else:
                 label = {"data_source": "arithmetic", "ground_truth": str(a + b), "messages": messages}
             f.write(json.dumps({"prompt": messages, "label": json.dumps(label)}) + "\n")
