@@ -10,7 +10,9 @@ user would start it, against a real local judge server on 127.0.0.1 (``scoring.t
 * a weight sync the policy engine drops: the train-inference mismatch metrics jump by orders of magnitude
   at the next step, which prints one warning line naming it;
 * a judge that answers HTTP 200 with a body that is not JSON, and one slower than its timeout: those scores are
-  invalid and masked, counted and named, the rest train.
+  invalid and masked, counted and named, the rest train;
+* the policy engine's process killed during a rollout: the run stops at once with one line naming it and the
+  checkpoint to resume from, and the resume goes on.
 
 Every row of the data carries its own judge key, so the server's request log tells which prompts each step scored.
 """
@@ -141,6 +143,64 @@ def _processes() -> dict[int, tuple[int, int]]:
             except (OSError, IndexError, ValueError):
                 continue
     return out
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process started under ``pid`` (Ray's daemons and workers start sessions of their own, not its children
+    in the session sense), ``pid`` included."""
+    table = _processes()
+    found = {pid}
+    grew = True
+    while grew:
+        more = {p for p, (ppid, _) in table.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_an_engine_killed_mid_rollout_stops_the_run_in_one_line_and_the_resume_goes_on(tmp_path):
+    """``kill -9`` of the policy engine's process while step 2 generates: the run stops within seconds with one line
+    naming the dead process and the checkpoint to resume from (Ray printed two tracebacks), and the resume trains
+    step 2 from global_step1."""
+    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
+    root = world["root"]
+    with serve_in_thread() as server:
+        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server))
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+        with open(tmp_path / "killed.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=REPO,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            start = time.time()
+            while len(_keys(list(server.requests))) < 5 and proc.poll() is None and time.time() - start < QUIET:
+                time.sleep(0.05)  # step 2's rollout has begun once the judge sees a fifth prompt
+            engines = [pid for pid in _descendants(proc.pid) if _cmdline(pid).startswith("ray::HFEngine")]
+            assert proc.poll() is None and len(engines) == 1, open(tmp_path / "killed.log").read()[-4000:]
+            os.kill(engines[0], signal.SIGKILL)
+            killed_at = time.time()
+            code = proc.wait(timeout=QUIET)
+            stopped_after = time.time() - killed_at
+        killed = open(tmp_path / "killed.log", errors="replace").read()
+        resumed = argv + ["--ckpt.load_enable", "--logger.tensorboard_dir", os.path.join(root, "tb_resumed")]
+        log = _launch(resumed, str(tmp_path / "resumed.log"))
+    assert code == 1 and stopped_after < 60, (code, stopped_after)
+    errors = [line for line in killed.splitlines() if line.startswith("error:")]  # Ray's output interleaves
+    assert errors == [f"error: a process of the run died: HFEngine, its process {engines[0]} exited (SYSTEM_ERROR: "
+                      "killed, out of memory, or its node lost); the run stopped. The last complete checkpoint is "
+                      f"global_step1 in {root}/ckpt/_actor: run the same command with --ckpt.load_enable to resume "
+                      "from it."], errors
+    assert "Traceback" not in killed, killed[killed.find("Traceback") - 200:][:3000]
+    tb = tensorboard_scalars(os.path.join(root, "tb_resumed"))
+    assert set(tb["train/reward"]) == {2}
+    assert open(os.path.join(root, "ckpt", "_actor", "latest")).read().strip() == "global_step2"
+    assert "Traceback" not in log
 
 
 def _kill_run(proc: subprocess.Popen) -> int:

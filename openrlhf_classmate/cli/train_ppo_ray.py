@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         run(args)
-    except Exception as e:  # noqa: BLE001 - our own stop and a full disk become one line; anything else re-raises
+    except Exception as e:  # noqa: BLE001 - our own stop, a full disk, a dead process become one line; else re-raises
         from openrlhf_classmate.errors import TrainingStopped
         from openrlhf_classmate.integration.disk_full import no_space_message
 
@@ -338,6 +338,11 @@ def main(argv: list[str] | None = None) -> None:
                                 args.ckpt.path)
         if full:
             raise SystemExit(full) from None
+        from openrlhf_classmate.integration.actor_died import actor_died_message
+
+        died = actor_died_message(e, args.ckpt.path)
+        if died:
+            raise SystemExit(died) from None
         raise
 
 

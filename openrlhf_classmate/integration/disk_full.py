@@ -13,24 +13,13 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Iterator
+
+from openrlhf_classmate.errors import exception_chain
 
 NEARLY_FULL = 64 * 1024 * 1024
 """Free bytes below which a failed write is taken for a full disk."""
 _FULL_TEXT = ("No space left on device", "Disk quota exceeded", "os error 28")
 _WRITE_FAILED_TEXT = ("PytorchStreamWriter failed", "file write failed", "unexpected pos", "basic_ios::clear")
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    todo = [exc]
-    while todo and len(seen) < 32:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]  # Ray's RayTaskError keeps it in .cause
 
 
 def _free_bytes(path: str) -> int | None:
@@ -56,7 +45,7 @@ def latest_tag(ckpt_path: str) -> str | None:
 def no_space_message(exc: BaseException, folders: list[tuple[str, str]], ckpt_path: str | None) -> str | None:
     """One ``error:`` line when ``exc`` is a write that failed for lack of disk space in one of ``folders`` ((flag,
     path) pairs: where the run saves), else None."""
-    chain = list(_chain(exc))
+    chain = list(exception_chain(exc))
     text = " ".join(str(e) for e in chain)
     full = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain) or any(
         t in text for t in _FULL_TEXT)
