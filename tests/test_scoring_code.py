@@ -165,3 +165,37 @@ def test_the_launcher_checks_the_sandbox_environment_before_starting(monkeypatch
     monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", "127.0.0.1:8001")
     with pytest.raises(ConfigError, match=r"sandbox url must be http\(s\)://HOST:PORT, got '127.0.0.1:8001'"):
         check_scorer_environment()
+
+
+def test_a_sandbox_killed_mid_batch_leaves_every_unscored_sample_invalid_not_zero():
+    # kill -9 of the service (its whole process group) while a batch of slow programs runs: the answers in flight
+    # and those after the kill are invalid with the reason, never a 0; a program scored before the kill keeps its
+    # score
+    import signal
+    import threading
+    import time
+
+    with running_service(*FLAGS[:-2], "--uid-base", str(UID_BASE + 4)) as handle:
+        scorer = CodeScorer("code", CodeSandboxConfig(url=handle.url, max_retries=1, backoff_s=0.01))
+        fast = {"data_source": "code", "tests": ["assert add(1, 2) == 3"]}
+        slow = {"data_source": "code", "tests": ["import time; time.sleep(5)"], "max_execution_time": 8}
+        batch = [(_answer("def add(a, b):\n    return a + b"), fast)] + [(_answer("x = 1"), slow)] * 5
+        first_done = threading.Event()
+        results = []
+
+        def score():
+            results.extend(scorer.score(batch[:1]))
+            first_done.set()
+            results.extend(scorer.score(batch[1:]))
+
+        worker = threading.Thread(target=score)
+        worker.start()
+        assert first_done.wait(60)
+        time.sleep(1.0)  # the slow programs are running (2 at a time: --max-concurrency 2)
+        os.killpg(handle.proc.pid, signal.SIGKILL)
+        worker.join(120)
+        assert not worker.is_alive()
+    assert results[0].valid and results[0].score == 1.0
+    assert [r.valid for r in results[1:]] == [False] * 5 and all(r.score == 0.0 and r.reason for r in results[1:])
+    assert all("sandbox" in r.reason for r in results[1:]), [r.reason for r in results[1:]]
+    assert scorer.stats["failures"] == 5
