@@ -867,3 +867,9 @@ def test_the_rollout_against_the_engine_alone_is_tokens_per_engine_over_the_stan
         with pytest.raises(SystemExit):
             step_time.parse_cli(argv)
         assert "--standalone compares an interleaved run's rollout with a real vLLM engine" in capsys.readouterr().err
+
+
+def test_the_fault_runs_refuse_an_unknown_scenario_before_any_run():
+    res = subprocess.run([sys.executable, "bench/faults.py", "--scenarios", "rank-killed,disk-full"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 2 and "--scenarios: unknown ['disk-full']; known: rank-killed, sigterm-in-save" in res.stderr
