@@ -111,6 +111,8 @@ def gpu_launcher_argv(run_dir: str, policy: str, prompts: str, cfg: RLConfig, se
     argv = _run_argv(run_dir, policy, prompts, cfg, seed, classmate, max_len) + [
         "--train.colocate_all", "--vllm.enable_sleep", "--engine.backend", engine,
         "--ckpt.max_num", "2", "--ckpt.load_enable",
+        # the demo's report follows the mismatch over every step (its policy is small enough for the cost)
+        "--engine.mismatch_interval", "1",
     ]
     if engine == "vllm":
         argv += ["--vllm.sync_backend", "nccl", "--vllm.gpu_memory_utilization", str(ENGINE_MEMORY["policy"]),
