@@ -1,4 +1,4 @@
-"""Train–inference mismatch of the policy engines, every step (on unless ``--engine.no_mismatch_metrics``).
+"""Train–inference mismatch of the policy engines, on the measured steps (on unless ``--engine.no_mismatch_metrics``).
 
 What runs where:
 
