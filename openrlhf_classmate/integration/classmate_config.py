@@ -322,7 +322,7 @@ class EngineConfig:
     )
     no_mismatch_metrics: bool = field(
         default=False,
-        metadata={"help": "turn off the per-step train-inference mismatch metrics (mismatch/logprob_abs_diff_mean, "
+        metadata={"help": "turn off the train-inference mismatch metrics (mismatch/logprob_abs_diff_mean, "
                           "_max, mismatch/kl_k3: the policy engines' log-probs of the sampled tokens against the "
                           "actor's). On, each rollout request asks the engine for the sampled token's log-prob only, "
                           "with one final output per request and (without --train.agent_func_path) no detokenised "
