@@ -36,10 +36,11 @@ def actor_died_message(exc: BaseException, ckpt_path: str | None) -> str | None:
     exit_type = _EXIT_RE.search(text)
     how = f"its process{f' {pid}' if pid else ''} exited ({exit_type.group(1) if exit_type else 'no reason given'}: " \
           "killed, out of memory, or its node lost)"
-    return f"error: a process of the run died: {who}, {how}; the run stopped. {_resume_hint(ckpt_path)}"
+    return f"error: a process of the run died: {who}, {how}; the run stopped. {resume_hint(ckpt_path)}"
 
 
-def _resume_hint(ckpt_path: str | None) -> str:
+def resume_hint(ckpt_path: str | None) -> str:
+    """What a resume takes: the last complete checkpoint under ``ckpt_path`` and the flag that loads it."""
     if not ckpt_path:
         return "Nothing was saved (no --ckpt.path)."
     try:

@@ -1,0 +1,41 @@
+"""``SIGTERM`` (a scheduler's preemption, ``kill``, ``timeout``) told in one line.
+
+``ray.init`` gives the driver its own ``SIGTERM`` handler (a local cluster's stops Ray's processes, then exits 1),
+and Ray's C++ signal handler aborts the driver (exit -6) when the signal also reached Ray's daemons, as a signal to
+the process group does. Either way the run ended without a word on what happened or where to resume.
+:func:`install_sigterm_handler`, called after ``ray.init``, keeps Ray's handler (so the workers, a checkpoint writer
+among them, are stopped first), then prints one ``error:`` line naming the signal and the checkpoint a resume takes,
+and exits 1. Where the signal lands inside a save, the tag being written has no marker and ``latest`` still names the
+previous one (``integration/checkpoints.py``): the line names that one.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+
+def sigterm_message(ckpt_path: str | None) -> str:
+    from openrlhf_classmate.integration.actor_died import resume_hint
+
+    return (f"error: the run received SIGTERM (a scheduler's preemption, kill or timeout) and stopped. "
+            f"{resume_hint(ckpt_path)}")
+
+
+def install_sigterm_handler(ckpt_path: str | None) -> None:
+    """Wrap the process's ``SIGTERM`` handler (Ray's, after ``ray.init``); main thread only, as Python's signals."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        if callable(previous):
+            try:
+                previous(signum, frame)  # Ray's: stops the local cluster's processes, then sys.exit
+            except SystemExit:
+                pass
+        print(sigterm_message(ckpt_path), file=sys.stderr, flush=True)
+        raise SystemExit(1)  # inside ray.get Ray turns any exit into 1
+
+    signal.signal(signal.SIGTERM, on_sigterm)

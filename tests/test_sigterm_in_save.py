@@ -1,0 +1,135 @@
+"""``SIGTERM`` to the launcher's process group (a scheduler's preemption, ``timeout``, a terminal) while a checkpoint
+is being written, then the resume.
+
+The launcher's real ``main`` and ``init_ray`` (its local Ray cluster, its signal handling) run as a subprocess in a
+session of its own; its training is replaced by a real DeepSpeed ZeRO-2 engine (``testing/ckpt_engine.py``) in a Ray
+actor of that cluster that saves ``global_step1``, then stalls in the middle of ``global_step2`` (after the model
+states, before the optimizer states, the marker and ``latest``), where the signal lands. Before the launcher handled
+the signal, Ray's driver aborted (exit -6) and printed nothing of its own; now: one line naming the signal and the
+checkpoint to resume from, exit 1, Ray's processes (the writer among them) stopped, ``latest`` on the complete tag,
+and the resume (the real ``load_ckpt`` on a fresh engine) continues from step 1 with step 1's weights (~30 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from openrlhf_classmate.integration.checkpoints import MARKER
+from openrlhf_classmate.testing.tiny_models import save_tiny_model
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import json, os, sys, time
+import ray
+from openrlhf_classmate.cli import train_ppo_ray
+
+actor_dir, stalled, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+
+@ray.remote(num_cpus=1)
+class Trainer:
+    def fit(self):
+        from openrlhf_classmate.testing.ckpt_engine import make_engine, train_step, weights
+
+        strategy, engine = make_engine()
+        save = engine.checkpoint_engine.save
+
+        def slow_save(state_dict, path):  # global_step2 stalls after its first file, as on a slow disk
+            save(state_dict, path)
+            if "global_step2" in path:
+                with open(stalled, "w") as f:
+                    json.dump({"pid": os.getpid(), "file": os.path.basename(path)}, f)
+                time.sleep(300)
+
+        engine.checkpoint_engine.save = slow_save
+        for step in (1, 2):
+            train_step(engine)
+            type(strategy).save_ckpt(strategy, engine, actor_dir, f"global_step{step}", 3, 1000, {"data_step": step})
+            print(json.dumps({"saved": f"global_step{step}", "weights": weights(engine)}), flush=True)
+
+def run(args):  # the launcher's training, replaced: its Ray cluster, one trainer actor that saves
+    train_ppo_ray.init_ray(args, {})
+    ray.get(Trainer.remote().fit.remote())
+
+train_ppo_ray.run = run
+train_ppo_ray.main(argv)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_during_a_save_is_one_line_and_the_resume_continues_from_the_complete_tag(tmp_path):
+    words = ["1", "2", "+", "=", "?"]
+    policy = save_tiny_model(str(tmp_path / "policy"), words, hidden_size=8, num_layers=1, num_heads=2)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "1 + 1 = ?", "label": json.dumps(
+        {"data_source": "arithmetic", "ground_truth": "2"})}) + "\n")
+    ckpt = tmp_path / "ckpt"
+    actor = ckpt / "_actor"
+    stalled = tmp_path / "stalled.json"
+    argv = ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
+            "--data.label_key", "label", "--data.max_len", "64", "--rollout.max_new_tokens", "16",
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "2", "--rollout.n_samples_per_prompt", "2",
+            "--train.batch_size", "4", "--train.micro_batch_size", "2", "--algo.advantage.estimator", "group_norm",
+            "--classmate.final_answer", "whole_response", "--ckpt.path", str(ckpt),
+            "--ckpt.output_dir", str(tmp_path / "final")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log_path = tmp_path / "run.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(actor), str(stalled), json.dumps(argv)], cwd=REPO,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            start = time.time()
+            while not stalled.exists() and proc.poll() is None and time.time() - start < 600:
+                time.sleep(0.05)
+            time.sleep(0.2)  # the marker file's json is written
+            assert proc.poll() is None and stalled.exists(), log_path.read_text()[-4000:]
+            writer = json.loads(stalled.read_text())
+            os.killpg(proc.pid, signal.SIGTERM)
+            signalled = time.time()
+            code = proc.wait(timeout=120)
+            stopped_after = time.time() - signalled
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text(errors="replace")
+    saved = [json.loads(m.group(0)) for m in re.finditer(r'\{"saved".*\}', text)]  # the actor's lines, via Ray
+    assert [s["saved"] for s in saved] == ["global_step1"], text[-4000:]
+    assert writer["file"] == "mp_rank_00_model_states.pt"  # the signal landed inside global_step2's save
+
+    assert code == 1 and stopped_after < 60, (code, stopped_after, text[-4000:])
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: the run received SIGTERM (a scheduler's preemption, kill or timeout) and stopped. The "
+                      f"last complete checkpoint is global_step1 in {ckpt}/_actor: run the same command with "
+                      "--ckpt.load_enable to resume from it."], text[-4000:]
+    assert "Traceback" not in text, text[text.find("Traceback"):][:3000]
+    deadline = time.time() + 30
+    while _alive(writer["pid"]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(writer["pid"])  # the writer went with the run: nothing writes into the folder after the line
+
+    assert (actor / "latest").read_text() == "global_step1"
+    assert sorted(os.listdir(actor / "global_step2")) == ["mp_rank_00_model_states.pt"]  # half a save, no marker
+    assert MARKER in os.listdir(actor / "global_step1")
+
+    resumed = subprocess.run([sys.executable, "-m", "openrlhf_classmate.testing.ckpt_engine", "resume", str(actor)],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    (report,) = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")]
+    assert report["loaded"] == "global_step1" and report["global_steps"] == 1 and report["data_step"] == 1, report
+    assert report["weights"] == saved[0]["weights"]  # step 1's weights, not the fresh engine's
