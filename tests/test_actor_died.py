@@ -1,5 +1,5 @@
 """``integration/actor_died.py``: a dead Ray actor ends the run in one line naming it and the checkpoint to resume
-from (the whole launcher run, an engine killed mid-rollout: ``tests/test_faults_cpu.py``)."""
+from (the whole launcher run, an engine killed mid-rollout, a training rank killed mid-step: ``tests/test_faults_cpu.py``)."""
 
 from __future__ import annotations
 

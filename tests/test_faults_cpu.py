@@ -11,8 +11,8 @@ user would start it, against a real local judge server on 127.0.0.1 (``scoring.t
   at the next step, which prints one warning line naming it;
 * a judge that answers HTTP 200 with a body that is not JSON, and one slower than its timeout: those scores are
   invalid and masked, counted and named, the rest train;
-* the policy engine's process killed during a rollout: the run stops at once with one line naming it and the
-  checkpoint to resume from, and the resume goes on.
+* the policy engine's process killed during a rollout, then one of two training ranks killed during a step of the
+  resume: each stops the run at once with one line naming it and the checkpoint to resume from.
 
 Every row of the data carries its own judge key, so the server's request log tells which prompts each step scored.
 """
@@ -166,41 +166,80 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_an_engine_killed_mid_rollout_stops_the_run_in_one_line_and_the_resume_goes_on(tmp_path):
-    """``kill -9`` of the policy engine's process while step 2 generates: the run stops within seconds with one line
-    naming the dead process and the checkpoint to resume from (Ray printed two tracebacks), and the resume trains
-    step 2 from global_step1."""
-    world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
-    root = world["root"]
-    with serve_in_thread() as server:
-        argv = launcher_argv(world, classmate=False, extra=_judge_flags(server))
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
-        with open(tmp_path / "killed.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=REPO,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            start = time.time()
-            while len(_keys(list(server.requests))) < 5 and proc.poll() is None and time.time() - start < QUIET:
-                time.sleep(0.05)  # step 2's rollout has begun once the judge sees a fifth prompt
-            engines = [pid for pid in _descendants(proc.pid) if _cmdline(pid).startswith("ray::HFEngine")]
-            assert proc.poll() is None and len(engines) == 1, open(tmp_path / "killed.log").read()[-4000:]
-            os.kill(engines[0], signal.SIGKILL)
+def _two_ranks_without_a_reference(argv: list[str]) -> list[str]:
+    """Two actor ranks (DeepSpeed ZeRO-2 over gloo); no reference model (KL off), two processes fewer on 2 cores."""
+    argv = list(argv)
+    argv[argv.index("--actor.num_gpus_per_node") + 1] = "2"
+    argv[argv.index("--algo.kl.init_coef") + 1] = "0"
+    argv.remove("--algo.kl.use_loss")
+    return argv
+
+
+def _run_and_kill(argv: list[str], log_path, server, keys: int, title: str) -> dict:
+    """Start the launcher; once the judge has seen ``keys`` distinct prompts, ``kill -9`` the run's process whose title
+    starts with ``title`` (of several, the last started); wait for the run to stop. No fixed deadline before the kill:
+    the wait ends if the run stops printing (a loaded machine only slows it down)."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", *argv], cwd=REPO,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            size, last_progress = 0, time.time()
+            while len(_keys(list(server.requests))) < keys and proc.poll() is None:
+                if os.path.getsize(log_path) != size:
+                    size, last_progress = os.path.getsize(log_path), time.time()
+                if time.time() - last_progress > QUIET:
+                    break
+                time.sleep(0.05)
+            found = sorted(pid for pid in _descendants(proc.pid) if _cmdline(pid).startswith(title))
+            assert proc.poll() is None and found, open(log_path).read()[-4000:]
+            os.kill(found[-1], signal.SIGKILL)
             killed_at = time.time()
             code = proc.wait(timeout=QUIET)
             stopped_after = time.time() - killed_at
-        killed = open(tmp_path / "killed.log", errors="replace").read()
-        resumed = argv + ["--ckpt.load_enable", "--logger.tensorboard_dir", os.path.join(root, "tb_resumed")]
-        log = _launch(resumed, str(tmp_path / "resumed.log"))
-    assert code == 1 and stopped_after < 60, (code, stopped_after)
-    errors = [line for line in killed.splitlines() if line.startswith("error:")]  # Ray's output interleaves
-    assert errors == [f"error: a process of the run died: HFEngine, its process {engines[0]} exited (SYSTEM_ERROR: "
+        finally:
+            if proc.poll() is None:
+                _kill_run(proc)
+    return {"pid": found[-1], "found": len(found), "code": code, "stopped_after": stopped_after,
+            "log": open(log_path, errors="replace").read()}
+
+
+def _died_line(killed: dict, who: str, root: str, tag: str) -> None:
+    assert killed["code"] == 1 and killed["stopped_after"] < 60, (killed["code"], killed["stopped_after"])
+    errors = [line for line in killed["log"].splitlines() if line.startswith("error:")]  # Ray's output interleaves
+    assert errors == [f"error: a process of the run died: {who}, its process {killed['pid']} exited (SYSTEM_ERROR: "
                       "killed, out of memory, or its node lost); the run stopped. The last complete checkpoint is "
-                      f"global_step1 in {root}/ckpt/_actor: run the same command with --ckpt.load_enable to resume "
-                      "from it."], errors
-    assert "Traceback" not in killed, killed[killed.find("Traceback") - 200:][:3000]
+                      f"{tag} in {root}/ckpt/_actor: run the same command with --ckpt.load_enable to resume from "
+                      "it."], errors
+    log = killed["log"]
+    assert "Traceback" not in log, log[log.find("Traceback") - 200:][:3000]
+    assert open(os.path.join(root, "ckpt", "_actor", "latest")).read().strip() == tag
+
+
+def test_an_engine_killed_mid_rollout_then_a_rank_killed_mid_step_each_stop_the_run_in_one_line(tmp_path):
+    """Two faults, one run and its resume, on two actor ranks (3 steps of 4 prompts): ``kill -9`` of the policy
+    engine's process while step 2 generates; the resume trains step 2 from global_step1, saves it, and ``kill -9`` of
+    rank 1 once step 3's rollout is scored (its experience making and training follow). Each time the run stops
+    within seconds with one line naming the dead process and the last complete checkpoint (Ray printed two
+    tracebacks), and ``latest`` names that checkpoint."""
+    world = build_world(str(tmp_path / "world"), num_prompts=12, judged=True)
+    root = world["root"]
+    with serve_in_thread() as server:
+        argv = _two_ranks_without_a_reference(
+            launcher_argv(world, classmate=False, max_samples=12, extra=_judge_flags(server)))
+        # step 2's rollout has begun once the judge sees a fifth prompt
+        engine = _run_and_kill(argv, tmp_path / "engine_killed.log", server, keys=5, title="ray::HFEngine")
+        _died_line(engine, "HFEngine", root, "global_step1")
+        assert engine["found"] == 1
+
+        resumed = argv + ["--ckpt.load_enable", "--logger.tensorboard_dir", os.path.join(root, "tb_resumed")]
+        # step 3's rollout is scored once the judge has seen all 12 prompts (steps 1 and 2 scored the first 8)
+        rank = _run_and_kill(resumed, tmp_path / "rank_killed.log", server, keys=12,
+                             title="ray::ClassmatePolicyModelActor")
+        _died_line(rank, "ClassmatePolicyModelActor", root, "global_step2")
+        assert rank["found"] == 2
     tb = tensorboard_scalars(os.path.join(root, "tb_resumed"))
-    assert set(tb["train/reward"]) == {2}
-    assert open(os.path.join(root, "ckpt", "_actor", "latest")).read().strip() == "global_step2"
-    assert "Traceback" not in log
+    assert set(tb["train/reward"]) == {2}  # the resume trained the interrupted step 2; step 3 never reached training
 
 
 def _kill_run(proc: subprocess.Popen) -> int:
