@@ -107,11 +107,13 @@ def test_judge_down_with_dynamic_filtering_stops_with_the_all_invalid_message(tm
 
 def test_a_judge_answering_200_without_json_and_one_slower_than_its_timeout_are_masked_and_named(tmp_path):
     """One step of 4 prompts x 4 samples: the judge answers HTTP 200 with a body that is not chat-completions JSON for
-    every answer to row 0, and for row 1 sleeps 4 s against --classmate.judge_timeout_s 1. Those 8 scores are
-    invalid and masked (never 0), counted in the judge metrics, the first failure named in one warning line; the
-    other 8 train, and the run exits 0 without waiting out the slow answers."""
+    every answer to row 0, and for row 1 sleeps 4 s against --classmate.judge_timeout_s 1; it rates every answer to
+    rows 2 and 3 7. Those 8 failed scores are invalid and masked (never 0: the batch's reward is 7, not 3.5), counted
+    in the judge metrics, the first failure named in one warning line; the other 8 train, and the run exits 0 without
+    waiting out the slow answers."""
     world = build_world(str(tmp_path / "world"), num_prompts=4, judged=True,
-                        judge_directives={0: "[[fake:malformed]]", 1: "[[fake:sleep=4]]"})
+                        judge_directives={0: "[[fake:malformed]]", 1: "[[fake:sleep=4]]", 2: "[[fake:rating=7]]",
+                                          3: "[[fake:rating=7]]"})
     log_path = str(tmp_path / "run.log")
     with serve_in_thread() as server:
         argv = launcher_argv(world, classmate=False, max_samples=4, extra=_judge_flags(server) + [
@@ -123,6 +125,7 @@ def test_a_judge_answering_200_without_json_and_one_slower_than_its_timeout_are_
     assert set(tb["train/reward"]) == {1}
     assert tb["train/judge/requests"][1] == 16 and tb["train/judge/failures"][1] == 8
     assert tb["train/reward/main_valid_fraction"][1] == 0.5 and tb["train/skipped_invalid_step"][1] == 0.0
+    assert tb["train/reward"][1] == 7.0  # the mean of the 8 valid scores; 3.5 if the failures counted as 0
     assert tb["train/judge/latency_p95"][1] < 4.0  # the slow answers were abandoned at the timeout
     warnings = [line for line in log.splitlines() if "judge health:" in line]
     assert len(warnings) == 1 and "step 1: judge health: 8/16 main scores invalid (masked)" in warnings[0], warnings
