@@ -111,7 +111,8 @@ def init_ray(args, extra_env: dict[str, str]) -> None:
         ray.init(num_cpus=16, num_gpus=8, runtime_env=runtime_env, include_dashboard=False)
     from openrlhf_classmate.integration.terminated import install_sigterm_handler
 
-    install_sigterm_handler(args.ckpt.path)  # after ray.init, which sets its own
+    if args is not None:
+        install_sigterm_handler(args.ckpt.path)  # after ray.init, which sets its own
 
 
 def wait_until_ready(engines: list) -> None:
