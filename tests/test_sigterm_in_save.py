@@ -113,7 +113,7 @@ def test_sigterm_during_a_save_is_one_line_and_the_resume_continues_from_the_com
     assert [s["saved"] for s in saved] == ["global_step1"], text[-4000:]
     assert writer["file"] == "mp_rank_00_model_states.pt"  # the signal landed inside global_step2's save
 
-    assert code == 1 and stopped_after < 60, (code, stopped_after, text[-4000:])
+    assert code == 1 and stopped_after < 20, (code, stopped_after, text[-4000:])  # measured 1-4 s on 2 loaded cores
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert errors == [f"error: the run received SIGTERM (a scheduler's preemption, kill or timeout) and stopped. The "
                       f"last complete checkpoint is global_step1 in {ckpt}/_actor: run the same command with "

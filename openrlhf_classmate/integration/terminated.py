@@ -5,12 +5,16 @@ and Ray's C++ signal handler aborts the driver (exit -6) when the signal also re
 the process group does. Either way the run ended without a word on what happened or where to resume.
 :func:`install_sigterm_handler`, called after ``ray.init``, keeps Ray's handler (so the workers, a checkpoint writer
 among them, are stopped first), then prints one ``error:`` line naming the signal and the checkpoint a resume takes,
-and exits 1. Where the signal lands inside a save, the tag being written has no marker and ``latest`` still names the
-previous one (``integration/checkpoints.py``): the line names that one.
+and exits 1 at once: an interpreter exit would then spend seconds in Ray's shutdown reaching the stopped daemons
+(10 s against 0.9 s measured on 2 loaded cores), a share of a scheduler's grace period before its ``SIGKILL``; the
+``atexit`` hooks it skips hold nothing of the run (the controller and its loggers are Ray actors, stopped already).
+Where the signal lands inside a save, the tag being written has no marker and ``latest`` still names the previous one
+(``integration/checkpoints.py``): the line names that one.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -36,6 +40,7 @@ def install_sigterm_handler(ckpt_path: str | None) -> None:
             except SystemExit:
                 pass
         print(sigterm_message(ckpt_path), file=sys.stderr, flush=True)
-        raise SystemExit(1)  # inside ray.get Ray turns any exit into 1
+        sys.stdout.flush()
+        os._exit(1)
 
     signal.signal(signal.SIGTERM, on_sigterm)
