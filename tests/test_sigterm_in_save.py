@@ -26,7 +26,6 @@ import pytest
 from openrlhf_classmate.integration.checkpoints import MARKER
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
@@ -74,6 +73,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_save_is_one_line_and_the_resume_continues_from_the_complete_tag(tmp_path):
     words = ["1", "2", "+", "=", "?"]
     policy = save_tiny_model(str(tmp_path / "policy"), words, hidden_size=8, num_layers=1, num_heads=2)
@@ -134,3 +134,30 @@ def test_sigterm_during_a_save_is_one_line_and_the_resume_continues_from_the_com
     (report,) = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")]
     assert report["loaded"] == "global_step1" and report["global_steps"] == 1 and report["data_step"] == 1, report
     assert report["weights"] == saved[0]["weights"]  # step 1's weights, not the fresh engine's
+
+
+HANDLER_SCRIPT = r"""
+import os, signal, sys, time
+from openrlhf_classmate.integration.terminated import install_sigterm_handler
+
+def rays(signum, frame):  # a stand-in for the handler ray.init installs: stop the cluster, then sys.exit(1)
+    print("the previous handler ran", flush=True)
+    sys.exit(1)
+
+signal.signal(signal.SIGTERM, rays)
+install_sigterm_handler(sys.argv[1])
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+print("not reached", flush=True)
+"""
+
+
+def test_the_handler_runs_the_previous_one_then_prints_the_line_and_exits_1(tmp_path):
+    """Without Ray: the handler keeps the one it replaces (Ray's, which stops the cluster), then prints its line and
+    exits 1 at once; with nothing saved yet the line says so."""
+    proc = subprocess.run([sys.executable, "-c", HANDLER_SCRIPT, str(tmp_path / "ckpt")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1 and proc.stdout == "the previous handler ran\n", (proc.stdout, proc.stderr[-2000:])
+    assert proc.stderr.splitlines() == [
+        "error: the run received SIGTERM (a scheduler's preemption, kill or timeout) and stopped. No checkpoint was "
+        "saved yet: start again (--ckpt.save_steps sets how often one is written)."], proc.stderr[-2000:]
