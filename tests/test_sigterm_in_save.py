@@ -7,8 +7,8 @@ actor of that cluster that saves ``global_step1``, then stalls in the middle of 
 states, before the optimizer states, the marker and ``latest``), where the signal lands. Before the launcher handled
 the signal, Ray's driver aborted (exit -6) and printed nothing of its own; now: one line naming the signal and the
 checkpoint to resume from, exit 1, Ray's processes (the writer among them) stopped, ``latest`` on the complete tag,
-and the resume (the real ``load_ckpt`` on a fresh engine) continues from step 1 with step 1's weights (80 s on two
-cores under a load of 5 to 8, most of it the imports of the launcher, the Ray worker and the resume)."""
+and the resume (the real ``load_ckpt`` on a fresh engine) continues from step 1 with step 1's weights (40 s on two
+quiet cores, 56-82 s under a load of 5 to 8; most of it the imports of the launcher, the Ray worker and the resume)."""
 
 from __future__ import annotations
 
