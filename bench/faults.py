@@ -30,46 +30,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from openrlhf_classmate.scoring.testing_server import serve_in_thread  # noqa: E402
 from openrlhf_classmate.testing.e2e import build_world, launcher_argv, run_launcher, tensorboard_scalars  # noqa: E402
+from openrlhf_classmate.testing.processes import descendants, kill_all, process_title  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("rank-killed", "sigterm-in-save")
 JUDGE = ["--classmate.judge_model", "fake-judge", "--classmate.judge_max_retries", "1", "--classmate.final_answer",
          "whole_response"]
 LIMIT_S = 600
-
-
-def _tree(pid: int) -> set[int]:
-    """``pid`` and every process started under it (by parent links: Ray's daemons open sessions of their own)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, grew = {pid}, True
-    while grew:
-        more = {p for p, parent in parents.items() if parent in found} - found
-        found |= more
-        grew = bool(more)
-    return found
-
-
-def _title(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")[0].decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _judged_keys(server) -> int:
-    keys = set()
-    for body in list(server.requests):
-        text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
-        keys |= {part.split("]]")[0] for part in text.split("[[fake:key=")[1:]}
-    return len(keys)
 
 
 def _latest(root: str) -> str | None:
@@ -102,8 +69,8 @@ def run_scenario(name: str, work: str) -> dict:
             row: dict = {"scenario": name}
             if name == "rank-killed":
                 # step 2's rollout is scored: its experience making and training follow at once
-                alive = _wait(lambda: _judged_keys(server) >= 8, proc)
-                ranks = sorted(p for p in _tree(proc.pid) if _title(p).startswith("ray::ClassmatePolicyModelActor"))
+                alive = _wait(lambda: len(server.keys) >= 8, proc)
+                ranks = sorted(p for p in descendants([proc.pid]) if process_title(p).startswith("ray::ClassmatePolicyModelActor"))
                 row["fault"] = f"kill -9 of rank 1 (pid {ranks[-1] if ranks else None}) as step 2 goes from rollout to training"
                 if alive and len(ranks) == 2:
                     os.kill(ranks[-1], signal.SIGKILL)
@@ -119,11 +86,7 @@ def run_scenario(name: str, work: str) -> dict:
             except subprocess.TimeoutExpired:
                 row["exit"] = "hung"
             row["stopped_after_s"] = round(time.time() - faulted, 1)
-            for pid in _tree(proc.pid):  # what Ray left behind (this run's processes only)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_all(descendants([proc.pid]))  # what Ray left behind (this run's processes only)
         text = open(log_path, errors="replace").read()
         row["error_lines"] = [line for line in text.splitlines() if line.startswith("error:")]
         row["traceback"] = "Traceback" in text

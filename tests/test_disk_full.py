@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from openrlhf_classmate.integration.disk_full import no_space_message
-from openrlhf_classmate.testing.tiny_models import save_tiny_model
+from openrlhf_classmate.testing.e2e import one_row_world, one_step_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,21 +49,11 @@ def _unshare_works() -> bool:
 
 @pytest.mark.skipif(not _unshare_works(), reason="needs unprivileged user namespaces (unshare -r -m)")
 def test_a_full_disk_during_a_save_is_one_line_and_latest_stays_on_the_complete_tag(tmp_path):
-    words = ["1", "2", "+", "=", "?"]
-    policy = save_tiny_model(str(tmp_path / "policy"), words, hidden_size=8, num_layers=1, num_heads=2)
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"prompt": "1 + 1 = ?", "label": json.dumps(
-        {"data_source": "arithmetic", "ground_truth": "2"})}) + "\n")
+    policy, data = one_row_world(str(tmp_path))
     disk = tmp_path / "disk"
     disk.mkdir()
     ckpt = disk / "ckpt"
-    argv = ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
-            "--data.label_key", "label", "--data.max_len", "64", "--rollout.max_new_tokens", "16",
-            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "2", "--rollout.n_samples_per_prompt", "2",
-            "--train.batch_size", "4", "--train.micro_batch_size", "2", "--algo.advantage.estimator", "group_norm",
-            "--classmate.final_answer", "whole_response", "--ckpt.path", str(ckpt),
-            "--ckpt.output_dir", str(disk / "final")]
+    argv = one_step_argv(policy, data, str(ckpt), str(disk / "final"))
     mount = f"mount -t tmpfs -o size=1m tmpfs {disk} && exec {sys.executable} -c \"$SCRIPT\" {ckpt} '{json.dumps(argv)}'"
     proc = subprocess.run(["unshare", "-r", "-m", "sh", "-c", mount], capture_output=True, text=True, timeout=300,
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "SCRIPT": SCRIPT})

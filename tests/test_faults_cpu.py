@@ -32,6 +32,7 @@ import pytest
 
 from openrlhf_classmate.scoring.testing_server import serve_in_thread
 from openrlhf_classmate.testing.e2e import QUIET, build_world, launcher_argv, run_launcher, tensorboard_scalars
+from openrlhf_classmate.testing.processes import descendants, kill_all, process_table, process_title
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,41 +135,6 @@ def test_a_judge_answering_200_without_json_and_one_slower_than_its_timeout_are_
     assert "Traceback" not in log
 
 
-def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, session id) of every process."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                out[int(entry)] = (int(fields[1]), int(fields[3]))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process started under ``pid`` (Ray's daemons and workers start sessions of their own, not its children
-    in the session sense), ``pid`` included."""
-    table = _processes()
-    found = {pid}
-    grew = True
-    while grew:
-        more = {p for p, (ppid, _) in table.items() if ppid in found} - found
-        found |= more
-        grew = bool(more)
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")[0].decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _two_ranks_without_a_reference(argv: list[str]) -> list[str]:
     """Two actor ranks (DeepSpeed ZeRO-2 over gloo); no reference model (KL off), two processes fewer on 2 cores."""
     argv = list(argv)
@@ -194,7 +160,7 @@ def _run_and_kill(argv: list[str], log_path, server, keys: int, title: str) -> d
                 if time.time() - last_progress > QUIET:
                     break
                 time.sleep(0.05)
-            found = sorted(pid for pid in _descendants(proc.pid) if _cmdline(pid).startswith(title))
+            found = sorted(pid for pid in descendants([proc.pid]) if process_title(pid).startswith(title))
             assert proc.poll() is None and found, open(log_path).read()[-4000:]
             os.kill(found[-1], signal.SIGKILL)
             killed_at = time.time()
@@ -248,18 +214,9 @@ def test_an_engine_killed_mid_rollout_then_a_rank_killed_mid_step_each_stop_the_
 def _kill_run(proc: subprocess.Popen) -> int:
     """SIGKILL the run: every process of its session and every descendant (Ray's daemons and workers, some of which
     start sessions of their own), all at once, as a node failure would. Returns how many were killed."""
-    table = _processes()
-    victims = {pid for pid, (_, sid) in table.items() if sid == proc.pid} | {proc.pid}
-    grew = True
-    while grew:
-        more = {pid for pid, (ppid, _) in table.items() if ppid in victims} - victims
-        victims |= more
-        grew = bool(more)
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    table = process_table()
+    victims = descendants({pid for pid, (_, sid) in table.items() if sid == proc.pid} | {proc.pid}, table)
+    kill_all(victims)
     proc.wait(timeout=60)
     return len(victims)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from openrlhf_classmate.integration.checkpoints import MARKER
-from openrlhf_classmate.testing.tiny_models import save_tiny_model
+from openrlhf_classmate.testing.e2e import one_row_world, one_step_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,21 +75,11 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_sigterm_during_a_save_is_one_line_and_the_resume_continues_from_the_complete_tag(tmp_path):
-    words = ["1", "2", "+", "=", "?"]
-    policy = save_tiny_model(str(tmp_path / "policy"), words, hidden_size=8, num_layers=1, num_heads=2)
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"prompt": "1 + 1 = ?", "label": json.dumps(
-        {"data_source": "arithmetic", "ground_truth": "2"})}) + "\n")
+    policy, data = one_row_world(str(tmp_path))
     ckpt = tmp_path / "ckpt"
     actor = ckpt / "_actor"
     stalled = tmp_path / "stalled.json"
-    argv = ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-            "--vllm.num_engines", "1", "--data.prompt_dataset", str(data), "--data.input_key", "prompt",
-            "--data.label_key", "label", "--data.max_len", "64", "--rollout.max_new_tokens", "16",
-            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "2", "--rollout.n_samples_per_prompt", "2",
-            "--train.batch_size", "4", "--train.micro_batch_size", "2", "--algo.advantage.estimator", "group_norm",
-            "--classmate.final_answer", "whole_response", "--ckpt.path", str(ckpt),
-            "--ckpt.output_dir", str(tmp_path / "final")]
+    argv = one_step_argv(policy, data, str(ckpt), str(tmp_path / "final"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     log_path = tmp_path / "run.log"
     with open(log_path, "w") as log:

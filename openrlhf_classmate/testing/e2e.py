@@ -58,6 +58,30 @@ def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: 
     return {"root": root, "policy": policy, "classmate": classmate, "data": data}
 
 
+def one_row_world(root: str) -> tuple[str, str]:
+    """The smallest world a launcher takes: a one-layer policy (hidden 8) over five words and a one-row arithmetic
+    data file under ``root``; returns (policy folder, data file)."""
+    os.makedirs(root, exist_ok=True)
+    policy = save_tiny_model(os.path.join(root, "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
+                             num_heads=2)
+    data = os.path.join(root, "train.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"prompt": "1 + 1 = ?", "label": json.dumps(
+            {"data_source": "arithmetic", "ground_truth": "2"})}) + "\n")
+    return policy, data
+
+
+def one_step_argv(policy: str, data: str, ckpt: str, output_dir: str) -> list[str]:
+    """Flags of a one-step plain-GRPO run of :func:`one_row_world` (2 samples of the one prompt, twice), checkpoints
+    in ``ckpt``, the final model in ``output_dir``."""
+    return ["--actor.model_name_or_path", policy, "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+            "--vllm.num_engines", "1", "--data.prompt_dataset", data, "--data.input_key", "prompt",
+            "--data.label_key", "label", "--data.max_len", "64", "--rollout.max_new_tokens", "16",
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "2", "--rollout.n_samples_per_prompt", "2",
+            "--train.batch_size", "4", "--train.micro_batch_size", "2", "--algo.advantage.estimator", "group_norm",
+            "--classmate.final_answer", "whole_response", "--ckpt.path", ckpt, "--ckpt.output_dir", output_dir]
+
+
 def launcher_argv(world: dict[str, str], classmate: bool = True, zero_stage: int = 2, max_samples: int = 8,
                   num_episodes: int = 1, estimator: str = "separated", extra: list[str] | None = None) -> list[str]:
     """Flags of a 2-step run (8 prompts x 4 samples, rollout batch 4) with checkpoints every step."""
