@@ -902,7 +902,7 @@ def test_a_non_finite_main_reward_is_an_invalid_score_not_a_crash_or_a_nan_group
 def test_the_samples_generator_flags_a_non_finite_reward_where_it_arrives():
     # upstream's own _process_response_into_experience underneath; a non-finite reward or score becomes the
     # placeholder 0 with main_valid 0, so dynamic filtering reads it as an invalid score (not "out of range")
-    from openrlhf_classmate.integration.experience_maker import main_validity
+    from openrlhf_classmate.integration.main_scores import main_validity
     from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator, filter_decision
 
     gen = object.__new__(ClassmateSamplesGenerator)

@@ -16,9 +16,8 @@ import yaml
 from openrlhf_classmate.cli import train_ppo_ray
 from openrlhf_classmate.integration import layout
 from openrlhf_classmate.integration.args import build_parser, parse_args
-from openrlhf_classmate.integration.classmate_config import ClassmateConfig
+from openrlhf_classmate.integration.classmate_config import AUTO_RULE, ClassmateConfig
 from openrlhf_classmate.integration.layout import (
-    AUTO_RULE,
     Batches,
     batch_message,
     batch_problem,

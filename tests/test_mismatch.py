@@ -16,6 +16,7 @@ from openrlhf_classmate.algo.mismatch import METRIC_KEYS, logprob_mismatch
 from openrlhf_classmate.integration import mismatch
 from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.hf_engine import HFEngine, create_hf_engines
+from openrlhf_classmate.integration.trainer import install_rollout_request
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]
@@ -139,7 +140,7 @@ def _dispatched_params(monkeypatch, args):
 
     monkeypatch.setattr(samples_generator, "SamplingParams", samples_generator.SamplingParams)  # restored after
     monkeypatch.setattr(ray, "get", lambda refs: refs)
-    mismatch.install_rollout_request(args)
+    install_rollout_request(args)
     engine = _Engine()
     generator = samples_generator.SamplesGenerator.__new__(samples_generator.SamplesGenerator)
     generator.args, generator.vllm_engines, generator.tokenizer = args, [engine], None

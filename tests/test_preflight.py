@@ -59,7 +59,7 @@ def test_the_repository_configs_are_inside_the_ranges(path, tiny):
 
 
 def test_judge_settings_reach_both_reward_streams(tmp_path):
-    from openrlhf_classmate.integration.trainer import judge_config_from_args
+    from openrlhf_classmate.integration.classmate_config import judge_config_from_args
 
     args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
                        "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",

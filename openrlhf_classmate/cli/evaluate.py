@@ -269,7 +269,7 @@ def _check_ranges(args) -> None:
 
 def _check_paths(args) -> None:
     """The model folders exist (or look like hub ids) and the output directory can be written."""
-    from openrlhf_classmate.integration.preflight import looks_local
+    from openrlhf_classmate.integration.preflight_types import looks_local
 
     for flag, path in (("--model", args.model), ("--classmate", args.classmate), *(("--reader", r) for r in args.reader)):
         if path is None:

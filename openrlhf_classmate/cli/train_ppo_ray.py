@@ -20,6 +20,7 @@ from openrlhf_classmate.integration.args import ConfigError, parse_args
 from openrlhf_classmate.integration.classmate_config import (
     classmate_enabled,
     is_registry_reward_func,
+    judge_config_from_args,
     registry_reward_in_use,
 )
 from openrlhf_classmate.integration.startup import StartupClock, mark_launch
@@ -36,7 +37,6 @@ def reward_env(args) -> dict[str, str]:
 
     from openrlhf_classmate.algo.response_split import load_stop_token_ids
     from openrlhf_classmate.algo.spans import think_token_ids
-    from openrlhf_classmate.integration.trainer import judge_config_from_args
 
     cfg = args.classmate
     tokenizer = AutoTokenizer.from_pretrained(args.actor.model_name_or_path, trust_remote_code=True)

@@ -60,13 +60,12 @@ from typing import Any
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
 from openrlhf_classmate.config_fields import field_problem, refuse_non_finite
 from openrlhf_classmate.integration.chunked_actor import add_logprobs_arguments, validate_logprobs_args
+from openrlhf_classmate.integration.classmate_args import resolve_classmate_args, validate_classmate_args
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,
     is_registry_reward_func,
     log_resolved,
-    resolve_classmate_args,
-    validate_classmate_args,
 )
 from openrlhf_classmate.integration.model_options import validate_model_options
 from openrlhf_classmate.integration.reward_methods import (

@@ -49,6 +49,7 @@ from openrlhf_classmate.algo.advantages import (
 from openrlhf_classmate.integration import bench_switches, mismatch
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
 from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
+from openrlhf_classmate.integration.main_scores import invalidate_nonfinite_main, main_validity, warn_nonfinite_main
 
 
 class AllScoresInvalidError(RuntimeError):
@@ -98,43 +99,6 @@ def to_action_space(sample, per_response: torch.Tensor, *, fill) -> torch.Tensor
     out = torch.full(action.shape, fill, dtype=per_response.dtype)
     out[action] = per_response
     return out
-
-
-def main_validity(samples) -> torch.Tensor:
-    """[N] bool: the main score of each rollout sample is valid (our reward function logs ``main_valid``; a reward
-    function that does not is taken at its word)."""
-    flags = [s.info.get("main_valid") for s in samples]
-    return torch.tensor([True if f is None else bool(float(f.flatten()[0]) != 0.0) for f in flags])
-
-
-def invalidate_nonfinite_main(samples) -> int:
-    """A main reward or score that arrives non-finite (a reward function or server replying NaN / inf) is an invalid
-    score, as the classmate stream reads such a reply (``classmate_scoring``): it becomes the placeholder 0 with
-    ``main_valid = 0`` and leaves every statistic as any invalid score does (group baselines, batch statistics,
-    dynamic filtering, the logged reward). Every sample then carries ``main_valid`` (upstream stacks ``info`` keys
-    across samples). In place; returns how many samples were invalidated."""
-    bad = [s for s in samples
-           if any(t is not None and not bool(torch.isfinite(t.float()).all()) for t in (s.rewards, s.scores))]
-    if not bad:
-        return 0
-    for s in samples:
-        s.info.setdefault("main_valid", torch.ones(1))
-    for s in bad:
-        for name in ("rewards", "scores"):
-            if getattr(s, name) is not None:
-                setattr(s, name, torch.zeros_like(getattr(s, name)))
-        for key in ("reward", "score"):
-            if key in s.info:
-                s.info[key] = torch.zeros_like(s.info[key])
-        s.info["main_valid"] = torch.zeros_like(s.info["main_valid"], dtype=torch.float32)
-    return len(bad)
-
-
-def warn_nonfinite_main(count: int) -> None:
-    """The step's one line about the rewards :func:`invalidate_nonfinite_main` invalidated (none: silent)."""
-    if count:
-        warn(f"{count} main reward(s) of this rollout batch arrived non-finite (NaN/inf) from the reward function: "
-             "scored invalid (masked out of every statistic, zero advantage), not trained on")
 
 
 def _broadcast_valid_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ Two kinds of run used to start, hold Ray and the engines for minutes and then fa
   the launcher runs on Ray's logical GPUs and nothing is counted).
 
 ``--classmate.placement auto`` (the default) is resolved here too (:func:`resolve_placement`, from
-``resolve_classmate_args``): see :data:`AUTO_RULE` and :func:`choose_placement`.
+``resolve_classmate_args``): see ``classmate_config.AUTO_RULE`` and :func:`choose_placement`.
 
 Importing this module imports only the standard library (``train_scripts`` run :func:`fit_micro_batches` through
 ``script_helpers`` before any training stack); torch and Ray are imported where the GPUs are counted.
@@ -40,12 +40,6 @@ SERVER_MEMORY_ENV = "OPENRLHF_CLASSMATE_SERVER_GPU_MEMORY"
 """The fraction of each training GPU held by model servers started on those GPUs (``train_scripts`` export the sum
 of their ``--gpu-memory-utilization``: a judge, a verifier); ``auto`` counts it beside the two engine groups."""
 
-AUTO_RULE = ("separate when the GPUs left by the actor, reference and policy engines give every classmate engine a "
-             "whole GPU, otherwise share when the two engine groups' memory fractions sum below 1, otherwise "
-             "colocate")
-"""What ``--classmate.placement auto`` picks: one sentence, the same in the flag's help and the README (a test reads
-both)."""
-
 FLAGS = {"rollout_batch": "--rollout.batch_size", "samples": "--rollout.n_samples_per_prompt",
          "rollout_micro": "--rollout.micro_batch_size", "train_batch": "--train.batch_size",
          "train_micro": "--train.micro_batch_size", "ring": "--ds.ring_attn_size",
@@ -58,7 +52,7 @@ UPSTREAM_DEFAULTS = {"rollout_batch": 1024, "samples": 1, "rollout_micro": 1, "t
 
 
 def _fail(message: str) -> None:
-    from openrlhf_classmate.integration.preflight import PreflightError
+    from openrlhf_classmate.integration.preflight_types import PreflightError
 
     raise PreflightError(message)
 
@@ -474,7 +468,7 @@ def check_launch(args: SimpleNamespace, report: Any) -> None:
 
 
 def choose_placement(args: SimpleNamespace) -> tuple[str, str]:
-    """``--classmate.placement auto`` for ``args``: (placement, why), by :data:`AUTO_RULE`.
+    """``--classmate.placement auto`` for ``args``: (placement, why), by ``classmate_config.AUTO_RULE``.
 
     Why this order. ``separate`` costs the other groups nothing: the classmate engines get GPUs that the rest of the
     layout would leave idle, stay awake through the step (their generation overlaps the rollout and the actor/ref
@@ -538,7 +532,7 @@ def resolve_placement(args: SimpleNamespace) -> None:
 
     if args.classmate.placement != "auto" or not classmate_enabled(args):
         return
-    from openrlhf_classmate.integration.preflight import PreflightError
+    from openrlhf_classmate.integration.preflight_types import PreflightError
 
     try:
         placement, why = choose_placement(args)

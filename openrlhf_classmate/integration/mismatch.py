@@ -3,7 +3,7 @@
 What runs where:
 
 * rollout request (the process that generates: the sync controller, or the async rollout actor):
-  :func:`install_rollout_request` makes upstream's ``samples_generator`` build every policy request with
+  ``trainer.install_rollout_request`` makes upstream's ``samples_generator`` build every policy request with
   ``logprobs=0`` on measured steps (the sampled token's log-prob only: no top-k entries; steps 1 and 2, then every
   ``--engine.mismatch_interval``-th: :func:`measured_step`, set per rollout batch by the samples generator through
   :func:`set_measuring`; a step measures all of its requests or none, so every reading covers a whole rollout
@@ -78,14 +78,6 @@ def rollout_sampling_params(args: SimpleNamespace) -> Callable:
         return SamplingParams(**kwargs)
 
     return build
-
-
-def install_rollout_request(args: SimpleNamespace) -> None:
-    """In this process, make upstream's rollout requests carry the sampled tokens' log-probs (no-op when off)."""
-    if enabled(args):
-        from openrlhf_classmate.integration import patches
-
-        patches.install_rollout_sampling_params(rollout_sampling_params(args))
 
 
 def measure(experiences) -> Mismatch | None:

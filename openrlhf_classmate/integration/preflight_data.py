@@ -30,8 +30,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from openrlhf_classmate.data.messages import first_parts_message, messages_problem, parts_problem
-from openrlhf_classmate.integration.classmate_config import classmate_enabled, registry_reward_in_use
-from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport, TokenizerCache, looks_local
+from openrlhf_classmate.integration.classmate_config import (
+    classmate_enabled,
+    judge_config_from_args,
+    registry_reward_in_use,
+)
+from openrlhf_classmate.integration.preflight_types import PreflightError, PreflightReport, TokenizerCache, looks_local
 
 SCANNED_SUFFIXES = (".jsonl", ".json", ".parquet")
 UNSCANNED_SUFFIXES = (".csv", ".arrow")  # upstream reads them; we do not check their rows
@@ -468,7 +472,6 @@ def _check_code_time_limits(found: _Lengths, report: PreflightReport) -> None:
 
 def check_datasets(args: SimpleNamespace, report: PreflightReport, tokenizers: TokenizerCache) -> None:
     from openrlhf_classmate.integration.reward_methods import tinyv_config_from_args
-    from openrlhf_classmate.integration.trainer import judge_config_from_args
     from openrlhf_classmate.scoring.tinyv import configure_tinyv
 
     enabled = classmate_enabled(args)

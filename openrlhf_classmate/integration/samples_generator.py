@@ -30,12 +30,12 @@ from tqdm import tqdm
 
 from openrlhf_classmate.integration import bench_switches, mismatch
 from openrlhf_classmate.integration.classmate_stage import ClassmateRollout, merge_pending
-from openrlhf_classmate.integration.experience_maker import (
+from openrlhf_classmate.integration.main_scores import (
     invalidate_nonfinite_main,
     main_validity,
+    no_valid_score_yet,
     warn_nonfinite_main,
 )
-from openrlhf_classmate.integration.step_health import no_valid_score_yet
 
 logger = init_logger(__name__)
 

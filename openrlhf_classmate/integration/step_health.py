@@ -12,14 +12,6 @@ class JudgeMissingError(RuntimeError):
     """Judge-scored rows reached a step of a run without a judge."""
 
 
-def no_valid_score_yet(what: str, *, reason_known: bool = False) -> str:
-    """The one line a run stops with when its first ``--classmate.stop_after_invalid_steps`` steps had no valid
-    main score (skipped steps, or prompt groups dropped by dynamic filtering). ``reason_known``: ``what`` already
-    says why (e.g. a reward hook's reason), so the usual guess about the judge is left out."""
-    guess = "" if reason_known else " (judge or verifier down or misconfigured? see the reward function's log lines)"
-    return f"error: {what}: no score has been valid yet{guess}; stopping (--classmate.stop_after_invalid_steps)"
-
-
 def require_judge(rollout_samples, args, judge) -> None:
     """Refuse judge-scored rows when no judge is configured. The preflight finds them in local dataset files; this
     catches the rest (hub datasets) at the first step, instead of training on scores that all failed."""

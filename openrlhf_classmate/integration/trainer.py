@@ -25,26 +25,22 @@ from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerA
 from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_classmate.errors import TrainingStopped  # raised here, caught by the launcher
-from openrlhf_classmate.integration import mismatch
-from openrlhf_classmate.integration.classmate_config import dispatch_per_group
+from openrlhf_classmate.integration import mismatch, patches
+from openrlhf_classmate.integration.classmate_config import dispatch_per_group, judge_config_from_args
 from openrlhf_classmate.integration.classmate_stage import ClassmateRollout
 from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
+from openrlhf_classmate.integration.main_scores import no_valid_score_yet
 from openrlhf_classmate.integration.startup import breakdown as startup_breakdown
 from openrlhf_classmate.integration.startup import summary_line as startup_line
 
 logger = init_logger(__name__)
 
 
-def judge_config_from_args(args):
-    """The judge of both reward streams (``--classmate.judge_*``), or None without ``--classmate.judge_base_url``."""
-    cfg = args.classmate
-    if not cfg.judge_base_url:
-        return None
-    from openrlhf_classmate.scoring import JudgeConfig
-
-    return JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model or "", api_key_env=cfg.judge_api_key_env,
-                       timeout_s=cfg.judge_timeout_s, max_retries=cfg.judge_max_retries,
-                       max_concurrency=cfg.judge_max_concurrency)
+def install_rollout_request(args) -> None:
+    """In this process, make upstream's rollout requests carry the sampled tokens' log-probs (no-op when off;
+    :mod:`~openrlhf_classmate.integration.mismatch` says what the requests ask for and why)."""
+    if mismatch.enabled(args):
+        patches.install_rollout_sampling_params(mismatch.rollout_sampling_params(args))
 
 
 def classmate_tokenizers(args) -> list:
@@ -78,7 +74,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
             stage = ClassmateStage(args, self.tokenizer, self.classmate_engines, classmate_tokenizers(args),
                                    scorer=scorer)
         self.classmate_stage = stage
-        mismatch.install_rollout_request(args)  # the sync controller generates the rollouts
+        install_rollout_request(args)  # the sync controller generates the rollouts
         from openrlhf_classmate.integration.reward_methods import build_reward_hooks, evaluate_with_validation_rewards
 
         if hasattr(self, "samples_generator"):  # sync; in async runs the rollout actor evaluates
@@ -123,7 +119,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
         judge request or a score failed). A batch with no valid main score is skipped (one warning line), and a run
         whose every step so far had none stops after ``--classmate.stop_after_invalid_steps`` of them."""
         from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
-        from openrlhf_classmate.integration.step_health import main_tally, no_valid_score_yet, require_judge
+        from openrlhf_classmate.integration.step_health import main_tally, require_judge
 
         require_judge(rollout_samples, self.args, judge_config_from_args(self.args))
         main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
@@ -153,7 +149,6 @@ class ClassmateControllerMixin(BasePPOTrainer):
         all scored invalid trains on the main stream alone, and a run whose first ``--classmate.stop_after_invalid_
         steps`` steps with classmate answers were all such steps stops (a classmate run without a classmate signal
         is not what was asked for). Steps whose requests were all skipped scored nothing and do not count."""
-        from openrlhf_classmate.integration.step_health import no_valid_score_yet
 
         stage, limit = getattr(self, "classmate_stage", None), self.args.classmate.stop_after_invalid_steps
         results = stage.last_scores[0] if stage is not None else []
@@ -240,8 +235,6 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
                  startup=None, **generate_kwargs):
-        from openrlhf_classmate.integration import patches
-
         patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
@@ -293,13 +286,11 @@ class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
     """Upstream's rollout actor; each rollout batch leaves with its classmate requests already dispatched."""
 
     def __init__(self, pretrain, strategy, vllm_engines, *, classmate_engines=None, **kwargs):
-        from openrlhf_classmate.integration import patches
-
         patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
         from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
 
-        mismatch.install_rollout_request(strategy.args)  # async: this actor generates the rollouts
+        install_rollout_request(strategy.args)  # async: this actor generates the rollouts
 
         evaluate_with_validation_rewards(self.samples_generator)  # async evaluation runs here (TinyV: weight 1)
         self.classmate_stage = None
@@ -336,8 +327,6 @@ class ClassmatePPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, *, classmate_engines=None, classmate_colocated=False,
                  startup=None, **generate_kwargs):
-        from openrlhf_classmate.integration import patches
-
         # upstream's __init__ creates its two actors through module globals: ours take their place (this process)
         patches.install_async_actors(
             generator=_RemoteWith(ClassmateGenerateSamplesActor, classmate_engines=classmate_engines),
