@@ -92,7 +92,7 @@ def make_model(path: str, preset: str, max_len: int) -> int:
 
 
 def build_args(model_dir: str, a) -> object:
-    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.integration.launch.args import parse_args
 
     n = a.num_seqs
     return parse_args([
@@ -115,7 +115,7 @@ def build_args(model_dir: str, a) -> object:
 def make_experience(actor, a, device):
     import torch
 
-    from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
     g = torch.Generator().manual_seed(1)
     n, total = a.num_seqs, a.prompt_len + a.response_len
@@ -150,7 +150,7 @@ def loss_fn(name: str, trainer):
     from openrlhf.models.loss import PolicyLoss
 
     from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-    from openrlhf_classmate.integration.actor import ClassmateLossAdapter
+    from openrlhf_classmate.integration.training.actor import ClassmateLossAdapter
 
     if name == "stock":
         return PolicyLoss(0.2, 0.2, token_level_loss=True)
@@ -352,7 +352,7 @@ def run(a) -> None:
     from openrlhf.utils import get_strategy
 
     from openrlhf_classmate.integration import patches
-    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor
+    from openrlhf_classmate.integration.training.actor import ClassmatePolicyModelActor
 
     patches.install_experience()
     cuda = torch.cuda.is_available()

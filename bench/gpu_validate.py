@@ -101,11 +101,11 @@ PLANS = {
 
 
 def gpus_needed(args) -> int:
-    """GPUs a parsed launch asks Ray for: the launcher's own count (``integration/layout.py``: upstream gives the
+    """GPUs a parsed launch asks Ray for: the launcher's own count (``integration/launch/layout.py``: upstream gives the
     actor group, the reference group (unless colocated with the actor), the policy engines (unless
     ``--train.colocate_all``) and the classmate engines of placement ``separate`` one whole-GPU Ray bundle per rank;
     colocated and shared groups take none of their own; HF engines none at all)."""
-    from openrlhf_classmate.integration.layout import layout_of
+    from openrlhf_classmate.integration.launch.layout import layout_of
 
     return layout_of(args).total
 

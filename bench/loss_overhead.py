@@ -66,7 +66,7 @@ class Timer:
 def make_batch(seqs: int, length: int, device, seed: int = 0):
     import torch
 
-    from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(length // 2, length + 1, (seqs,), generator=g)
@@ -87,7 +87,7 @@ def losses(experience):
     from openrlhf.models.loss import PolicyLoss
 
     from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-    from openrlhf_classmate.integration.actor import ClassmateLossAdapter
+    from openrlhf_classmate.integration.training.actor import ClassmateLossAdapter
 
     class Trainer:
         current_experience = experience

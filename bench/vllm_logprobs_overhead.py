@@ -16,7 +16,7 @@ requests x ``--tokens`` decode steps (the step-time bench's 256 x 512 by default
 * ``upstream``: upstream's rollout request without IS correction (no log-probs, detokenised, cumulative);
 * ``upstream_is``: upstream's request with ``--algo.advantage.is_correction_level`` (``logprobs=1``);
 * ``mismatch``: the launcher's default on vLLM (``logprobs=0``, ``detokenize=False``, ``FINAL_ONLY``,
-  ``flat_logprobs``: ``openrlhf_classmate/integration/mismatch.py``), plus ablations of its settings.
+  ``flat_logprobs``: ``openrlhf_classmate/integration/rollout/mismatch.py``), plus ablations of its settings.
 
 Prints one JSON line per variant (seconds and µs per generated token, minimum over ``--repeats``) and a table. The
 GPU side (one ``log_softmax`` over the vocabulary and a gather per decode step) is not in these numbers: the GPU

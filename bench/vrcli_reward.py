@@ -83,7 +83,7 @@ def default_attention() -> str:
 
 
 def build_args(model_dir: str, a):
-    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.integration.launch.args import parse_args
 
     argv = [
         "--actor.model_name_or_path", model_dir, "--actor.num_gpus_per_node", str(a.ranks),
@@ -132,8 +132,8 @@ def main() -> None:
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
     from openrlhf_classmate.cli.train_ppo_ray import init_ray
-    from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
-    from openrlhf_classmate.integration.strategy import get_strategy
+    from openrlhf_classmate.integration.training.actor import ClassmateReferenceModelActor
+    from openrlhf_classmate.integration.training.strategy import get_strategy
     from openrlhf_classmate.rewards.likelihood import gold_mean_nll, group_forward
 
     model_dir = tempfile.mkdtemp(prefix="vrcli_bench_")

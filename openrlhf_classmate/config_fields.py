@@ -5,7 +5,7 @@ dataclass whose fields carry their documentation in ``metadata``:
 
 * ``help``: effect and interactions, written once;
 * ``range`` (a :class:`Bound`, on every numeric field; None where any finite value is allowed): the allowed values.
-  The flag's help states it, and :func:`field_problem` enforces it for every group at launch (``integration.args``);
+  The flag's help states it, and :func:`field_problem` enforces it for every group at launch (``integration.launch.args``);
 * ``default_help`` (optional): how a derived default (a ``None`` field filled in at launch) is computed;
 * ``choices``, ``nargs``, ``metavar``: passed to argparse as they are.
 

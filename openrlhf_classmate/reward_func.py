@@ -1,6 +1,6 @@
 """Main-answer reward of the scorer registry: the launcher's default ``--reward.remote_url`` (``reward_func``).
 
-The answer is not searched for here. The policy engines run :mod:`openrlhf_classmate.integration.policy_executor`,
+The answer is not searched for here. The policy engines run :mod:`openrlhf_classmate.integration.rollout.policy_executor`,
 which splits each response on its *token ids* with the same function as the classmate stage and evaluation and calls
 ``reward_func(queries, prompts, labels, answers=[answer])``: ``answer`` is the decoded final answer, ``None`` when the
 response has none (no genuine ``</think>`` id), which scores 0 (valid: it is the policy's failure, not the scorer's).

@@ -13,7 +13,7 @@ Commands:
   excluded) and the environment variables NAME... that are set;
 * ``fit-micro-batches CONFIG ACTOR_GPUS FLAG...``: print (one token a line) the ``--train.micro_batch_size`` /
   ``--rollout.micro_batch_size`` flags that fit the batch sizes of CONFIG, overridden by FLAG..., to ACTOR_GPUS
-  actor GPUs (``integration/layout.py``: ``fit_micro_batches``); nothing when the config's fit, or when no
+  actor GPUs (``integration/launch/layout.py``: ``fit_micro_batches``); nothing when the config's fit, or when no
   micro-batch size would (the launcher's preflight then names values that work). A micro-batch size among FLAG...
   is the user's and kept. Says what it changed on stderr.
 """
@@ -72,7 +72,7 @@ def _config_values(path: str) -> dict[str, object]:
 def fit_micro_batches_flags(config: str, actor_gpus: int, flags: Sequence[str]) -> tuple[list[str], str | None]:
     """The micro-batch flags that fit CONFIG (overridden by ``flags``) to ``actor_gpus`` actor GPUs, and a line saying
     why; ``([], None)`` when nothing needs to change or nothing would help."""
-    from openrlhf_classmate.integration.layout import FLAGS, UPSTREAM_DEFAULTS, Batches, fit_micro_batches
+    from openrlhf_classmate.integration.launch.layout import FLAGS, UPSTREAM_DEFAULTS, Batches, fit_micro_batches
 
     values = _config_values(config)
     given: set[str] = set()

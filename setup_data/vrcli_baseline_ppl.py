@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from openrlhf_classmate.data.io import atomic_outputs, check_output_dir, check_outputs_spare_inputs
-    from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport, check_model_path
+    from openrlhf_classmate.integration.launch.preflight import PreflightError, PreflightReport, check_model_path
     from openrlhf_classmate.rewards.likelihood import model_checksum
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

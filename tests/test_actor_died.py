@@ -1,4 +1,4 @@
-"""``integration/actor_died.py``: a dead Ray actor ends the run in one line naming it and the checkpoint to resume
+"""``integration/launch/actor_died.py``: a dead Ray actor ends the run in one line naming it and the checkpoint to resume
 from (the whole launcher run, an engine killed mid-rollout, a training rank killed mid-step: ``tests/test_faults_cpu.py``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 from ray.exceptions import ActorDiedError
 
-from openrlhf_classmate.integration.actor_died import actor_died_message
+from openrlhf_classmate.integration.launch.actor_died import actor_died_message
 
 
 def _raised_in_the_controller() -> RuntimeError:

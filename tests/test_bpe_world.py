@@ -14,8 +14,8 @@ import torch
 from openrlhf_classmate.algo.classmate_prompt import build_classmate_input, build_classmate_inputs, encode_text
 from openrlhf_classmate.algo.response_split import char_boundary, cot_prefixes
 from openrlhf_classmate.algo.spans import think_token_ids
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.classmate_stage import ClassmateStage
+from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateStage
+from openrlhf_classmate.integration.launch.args import parse_args
 from openrlhf_classmate.testing.bpe_world import KINDS, build_tokenizer
 
 BIG = dict(max_context=4096, max_new_tokens=16)

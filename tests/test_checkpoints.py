@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from openrlhf_classmate.integration.checkpoints import (
+from openrlhf_classmate.integration.training.checkpoints import (
     MARKER,
     CheckpointError,
     begin_marked_save,
@@ -191,8 +191,8 @@ def test_hf_folders_rotate_like_the_deepspeed_tags(tmp_path):
 
 
 def test_strategy_subclass_is_what_upstream_builds_and_what_travels_to_the_actors():
-    from openrlhf_classmate.integration.args import parse_args
-    from openrlhf_classmate.integration.strategy import ResilientDeepspeedStrategy, get_strategy
+    from openrlhf_classmate.integration.launch.args import parse_args
+    from openrlhf_classmate.integration.training.strategy import ResilientDeepspeedStrategy, get_strategy
 
     args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
                        "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1"])
@@ -207,7 +207,7 @@ def test_launcher_rebinds_get_strategy(monkeypatch):
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
     from openrlhf_classmate.integration import patches
-    from openrlhf_classmate.integration.strategy import get_strategy
+    from openrlhf_classmate.integration.training.strategy import get_strategy
 
     for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "placement_group"),
                          (cli, "get_strategy"), (ppo_trainer, "PPOTrainer"), (ppo_trainer_async, "PPOTrainerAsync")):
@@ -277,7 +277,7 @@ def test_save_ckpt_override_keeps_upstreams_signature():
     ``patches.UPSTREAM_SHA256``)."""
     from openrlhf.utils.deepspeed import DeepspeedStrategy
 
-    from openrlhf_classmate.integration.strategy import ResilientDeepspeedStrategy
+    from openrlhf_classmate.integration.training.strategy import ResilientDeepspeedStrategy
 
     ours, upstream = (inspect.signature(c.save_ckpt) for c in (ResilientDeepspeedStrategy, DeepspeedStrategy))
     assert list(ours.parameters.items()) == list(upstream.parameters.items())

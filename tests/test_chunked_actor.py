@@ -1,4 +1,4 @@
-"""``--logprobs.chunked`` through upstream's real ``Actor`` (``integration/chunked_actor.py``): the same action
+"""``--logprobs.chunked`` through upstream's real ``Actor`` (``integration/training/chunked_actor.py``): the same action
 log-probs, entropies and parameter gradients as upstream's forward, packed and unpadded, with temperature, LoRA and
 gradient checkpointing; no [tokens, vocabulary] tensor; the flags' launch checks.
 
@@ -17,8 +17,8 @@ from openrlhf.models.actor import Actor
 from openrlhf.models.utils import compute_entropy
 
 from openrlhf_classmate.integration import patches
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.chunked_actor import (
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.training.chunked_actor import (
     ChunkedLogprobActor,
     check_model_config,
     chunked_actor_class,
@@ -269,7 +269,11 @@ def test_the_launch_preflight_resolves_auto_from_the_policy_folder(model_dir, tm
     import json
     import shutil
 
-    from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport, check_chunked_logprobs_model
+    from openrlhf_classmate.integration.launch.preflight import (
+        PreflightError,
+        PreflightReport,
+        check_chunked_logprobs_model,
+    )
 
     def preflight_chunked(path, *flags):
         args = parse_args(BASE + list(flags))
@@ -297,8 +301,8 @@ def test_the_workers_build_the_chunked_actor_unless_off(monkeypatch, model_dir):
     import openrlhf.trainer.ray.launcher as launcher
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
-    from openrlhf_classmate.integration.actor import install_worker_actor
-    from openrlhf_classmate.integration.weight_check import LoadCheckedActor
+    from openrlhf_classmate.integration.training.actor import install_worker_actor
+    from openrlhf_classmate.integration.training.weight_check import LoadCheckedActor
 
     monkeypatch.setattr(ppo_actor, "Actor", Actor)
     monkeypatch.setattr(launcher, "Actor", Actor)
@@ -323,7 +327,7 @@ def test_the_launcher_gives_upstream_our_reference_worker(monkeypatch):
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
     import openrlhf.trainer.ray.vllm_engine as vllm_engine
 
-    from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
+    from openrlhf_classmate.integration.training.actor import ClassmateReferenceModelActor
 
     for module, name in ((cli, "create_vllm_engines"), (cli, "PolicyModelActor"), (cli, "ReferenceModelActor"),
                          (cli, "placement_group"), (cli, "get_strategy"), (ppo_trainer, "PPOTrainer"),

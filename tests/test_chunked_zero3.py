@@ -46,9 +46,9 @@ def test_zero3_chunked_log_probs_and_gradients_equal_upstream(tmp_path, cpu_work
     from deepspeed.utils import safe_get_full_grad
     from openrlhf.utils import get_strategy
 
-    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
-    from openrlhf_classmate.integration.args import parse_args
-    from openrlhf_classmate.integration.chunked_actor import ChunkedLogprobActor
+    from openrlhf_classmate.integration.launch.args import parse_args
+    from openrlhf_classmate.integration.training.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
+    from openrlhf_classmate.integration.training.chunked_actor import ChunkedLogprobActor
     from openrlhf_classmate.testing.tiny_models import ragged_batch, save_random_lm
     from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
 

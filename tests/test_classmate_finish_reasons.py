@@ -11,9 +11,9 @@ import ray
 import torch
 
 from openrlhf_classmate.integration import patches
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.classmate_stage import ClassmateStage
-from openrlhf_classmate.integration.experience import ClassmateExperience
+from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateStage
+from openrlhf_classmate.integration.experience.experience import ClassmateExperience
+from openrlhf_classmate.integration.launch.args import parse_args
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?", "answer"]
@@ -84,7 +84,7 @@ def test_aborted_and_failed_classmate_calls_are_masked_not_scored(world, monkeyp
 
 
 def test_the_stage_reports_where_its_time_goes(world, monkeypatch):
-    from openrlhf_classmate.integration.classmate_scoring import registry_scorer
+    from openrlhf_classmate.integration.classmate.classmate_scoring import registry_scorer
 
     monkeypatch.setattr(ray, "get", lambda x: x)
     registry = registry_scorer()

@@ -7,7 +7,7 @@ import threading
 import pytest
 from aiohttp import web
 
-from openrlhf_classmate.integration.classmate_scoring import (
+from openrlhf_classmate.integration.classmate.classmate_scoring import (
     ClassmateAnswer,
     RewardPathScorer,
     interpret_reward,

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from openrlhf_classmate.config_fields import Bound, add_dataclass_group, option_help
-from openrlhf_classmate.integration.args import build_parser, parse_args
-from openrlhf_classmate.integration.chunked_actor import LogprobsConfig
 from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
-from openrlhf_classmate.integration.preflight import RANGES
+from openrlhf_classmate.integration.launch.args import build_parser, parse_args
+from openrlhf_classmate.integration.launch.preflight import RANGES
+from openrlhf_classmate.integration.training.chunked_actor import LogprobsConfig
 from openrlhf_classmate.rewards.darling import DarlingConfig
 from openrlhf_classmate.rewards.vrcli import VrcliConfig
 from openrlhf_classmate.scoring.tinyv import TinyVConfig
@@ -152,7 +152,7 @@ def parser():
 
 def test_every_float_flag_ours_and_upstreams_parses_as_a_finite_number(parser):
     from openrlhf_classmate.config_fields import finite_float, not_nan_float
-    from openrlhf_classmate.integration.args import INFINITE_OK
+    from openrlhf_classmate.integration.launch.args import INFINITE_OK
 
     floats = {a.dest: a.type for a in parser._actions if a.type in (float, finite_float, not_nan_float)}
     assert len(floats) > 40 and float not in floats.values()

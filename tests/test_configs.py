@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.integration.launch.args import parse_args
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,8 +21,8 @@ from openrlhf_classmate.algo.darling import (
     partition_diversity,
     short_answer_rule,
 )
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.reward_methods import build_reward_hooks
+from openrlhf_classmate.integration.experience.reward_methods import build_reward_hooks
+from openrlhf_classmate.integration.launch.args import parse_args
 from openrlhf_classmate.rewards.darling import DarlingConfig, DarlingRewardHook
 from openrlhf_classmate.rewards.pair_classifier import ClassifierSettings, PairClassifier
 from openrlhf_classmate.testing.fake_servers import FakeClassifierServer, serve_in_thread

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from openrlhf_classmate.integration.disk_full import no_space_message
+from openrlhf_classmate.integration.training.disk_full import no_space_message
 from openrlhf_classmate.testing.e2e import one_row_world, one_step_argv
 
 REPO = Path(__file__).resolve().parents[1]

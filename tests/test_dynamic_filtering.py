@@ -14,8 +14,8 @@ import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
 from openrlhf_classmate.errors import TrainingStopped
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.samples_generator import (
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.rollout.samples_generator import (
     KEEP,
     NO_VALID_SCORE,
     OUT_OF_RANGE,
@@ -143,7 +143,7 @@ class Dispatch:
     def __call__(self, group, first_index=0):
         import torch
 
-        from openrlhf_classmate.integration.classmate_stage import PendingClassmate, Spans
+        from openrlhf_classmate.integration.classmate.classmate_stage import PendingClassmate, Spans
 
         self.calls.append(([s.prompts[0] for s in group], first_index))
         n = len(group)
@@ -157,7 +157,7 @@ class Dispatch:
 
 @pytest.mark.parametrize("filtering", [False, True])
 def test_each_kept_group_sends_its_classmate_requests_as_soon_as_it_is_generated(judge, filtering):
-    from openrlhf_classmate.integration.classmate_stage import ClassmateRollout
+    from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateRollout
 
     ours, engine = _generator(ClassmateSamplesGenerator, ANSWERS, filtering=filtering)
     dispatch = ours.classmate_dispatch = Dispatch()
@@ -182,7 +182,7 @@ def test_each_rollout_batch_reports_where_its_seconds_went(judge, monkeypatch):
     # reward in their executors), the processing of the responses here, the wake-up / sleep around them
     import time
 
-    from openrlhf_classmate.integration.samples_generator import rollout_parts
+    from openrlhf_classmate.integration.rollout.samples_generator import rollout_parts
 
     assert rollout_parts(10.0, 9.0, 1.5, 4.0) == {"rollout/wake_sleep_s": 1.0, "rollout/engines_s": 7.5,
                                                   "rollout/process_s": 1.5, "rollout/first_group_s": 4.0}

@@ -8,7 +8,7 @@ import torch
 from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 
 from openrlhf_classmate.integration import patches
-from openrlhf_classmate.integration.eval_metrics import masked_eval_metrics, upstream_eval_metrics
+from openrlhf_classmate.integration.experience.eval_metrics import masked_eval_metrics, upstream_eval_metrics
 
 LOADER = [(["math", "math", "code"], ["p0", "p1", "p2"], [None] * 3, [None] * 3)]
 

@@ -14,11 +14,11 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
 from openrlhf_classmate.integration import patches
-from openrlhf_classmate.integration.actor import ClassmateLossAdapter, build_classmate_loss
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.classmate_stage import ClassmateInputError, ClassmateStage
-from openrlhf_classmate.integration.experience import ClassmateExperience
-from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError, ClassmateExperienceMaker
+from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateInputError, ClassmateStage
+from openrlhf_classmate.integration.experience.experience import ClassmateExperience
+from openrlhf_classmate.integration.experience.experience_maker import AllScoresInvalidError, ClassmateExperienceMaker
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.training.actor import ClassmateLossAdapter, build_classmate_loss
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 from openrlhf_classmate.testing.tokenizers import build_word_tokenizer, default_chat_template
 
@@ -629,7 +629,7 @@ def reward_func(queries, prompts, labels, **kwargs):
 
 
 def test_classmate_answers_go_through_the_users_reward_function_by_default(world, fake_ray, tmp_path, monkeypatch):
-    from openrlhf_classmate.integration.classmate_scoring import RewardPathScorer, build_classmate_scorer
+    from openrlhf_classmate.integration.classmate.classmate_scoring import RewardPathScorer, build_classmate_scorer
 
     path = tmp_path / "my_reward.py"
     path.write_text(REWARD_FILE)
@@ -758,7 +758,7 @@ def test_requests_sent_per_prompt_group_give_the_batch_dispatchs_result(world, f
     """--classmate.dispatch group: the generator sends each group's requests as the group is generated and hands the
     batch over with them merged (``merge_pending``); the maker gathers them after the forwards. Same prompts, same
     answers, same rewards and advantages as the requests sent for the whole batch at once."""
-    from openrlhf_classmate.integration.classmate_stage import ClassmateRollout, merge_pending
+    from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateRollout, merge_pending
 
     args = _args(world, "--algo.advantage.estimator", "dr_grpo", "--classmate.estimator", "separated")
     batch_maker, batch_engine = _maker(args, world.tok, [])
@@ -786,7 +786,7 @@ def test_requests_sent_per_prompt_group_give_the_batch_dispatchs_result(world, f
 
 
 def test_a_bad_label_in_a_later_group_names_its_place_in_the_batch(world, fake_ray):
-    from openrlhf_classmate.integration.classmate_stage import ClassmateInputError
+    from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateInputError
 
     args = _args(world)
     maker, _ = _maker(args, world.tok, fake_ray)
@@ -902,8 +902,8 @@ def test_a_non_finite_main_reward_is_an_invalid_score_not_a_crash_or_a_nan_group
 def test_the_samples_generator_flags_a_non_finite_reward_where_it_arrives():
     # upstream's own _process_response_into_experience underneath; a non-finite reward or score becomes the
     # placeholder 0 with main_valid 0, so dynamic filtering reads it as an invalid score (not "out of range")
-    from openrlhf_classmate.integration.main_scores import main_validity
-    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator, filter_decision
+    from openrlhf_classmate.integration.rollout.main_scores import main_validity
+    from openrlhf_classmate.integration.rollout.samples_generator import ClassmateSamplesGenerator, filter_decision
 
     gen = object.__new__(ClassmateSamplesGenerator)
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from openrlhf_classmate.integration import patches
-from openrlhf_classmate.integration.experience import ClassmateExperience
+from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
 
 def _sample(prompt_len: int, response_len: int, seed: int) -> ClassmateExperience:

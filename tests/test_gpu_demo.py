@@ -202,7 +202,7 @@ def test_a_later_call_with_other_settings_is_refused(tmp_path):
 def test_launcher_flags_are_the_production_layout(classmate):
     from openrlhf_classmate.demo import gpu
     from openrlhf_classmate.demo.launch import gpu_launcher_argv
-    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.integration.launch.args import parse_args
 
     s = gpu.FULL
     argv = gpu_launcher_argv("/tmp/run", "policy", "train.jsonl", s.rl, 0, "classmate" if classmate else None,

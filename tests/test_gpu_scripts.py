@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.integration.launch.args import parse_args
 from openrlhf_classmate.testing.e2e import build_world
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -508,10 +508,10 @@ def test_the_time_outside_the_steps_is_what_the_plan_must_leave():
 
 def test_the_log_prob_benchmarks_time_the_launchers_own_request(monkeypatch):
     # bench/vllm_logprobs_overhead.py and bench/vllm_generation_logprobs.py name the launcher's request by hand
-    # (VARIANTS["mismatch"]); a change of the request in integration/mismatch.py must show here, not go unmeasured
+    # (VARIANTS["mismatch"]); a change of the request in integration/rollout/mismatch.py must show here, not go unmeasured
     import vllm
 
-    from openrlhf_classmate.integration import mismatch
+    from openrlhf_classmate.integration.rollout import mismatch
 
     seen = {}
 
@@ -712,7 +712,7 @@ def test_capacity_cell_names_are_checked_in_one_line(capacity, capsys):
      "(0.3, 41.9 GiB)", "OOM", "engine start"),
     ("  File \"openrlhf/trainer/ray/ppo_actor.py\", line 120, in ppo_train\n  File \"deepspeed/runtime/engine.py\", "
      "in backward\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.23 GiB", "OOM", "actor update"),
-    ("  File \"openrlhf_classmate/integration/experience_maker.py\", in make_experience_batch\n  File \"x.py\", in "
+    ("  File \"openrlhf_classmate/integration/experience/experience_maker.py\", in make_experience_batch\n  File \"x.py\", in "
      "forward\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.64 GiB", "OOM", "actor/ref forwards"),
     ("  File \"transformers/modeling_utils.py\", in from_pretrained\ntorch.OutOfMemoryError: CUDA out of memory",
      "OOM", "model load"),

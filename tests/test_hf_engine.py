@@ -8,8 +8,8 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from openrlhf_classmate.integration.classmate_executor import AgentExecutor, cot_prompt_logprobs
-from openrlhf_classmate.integration.hf_engine import HFEngine, Logprob
+from openrlhf_classmate.integration.classmate.classmate_executor import AgentExecutor, cot_prompt_logprobs
+from openrlhf_classmate.integration.rollout.hf_engine import HFEngine, Logprob
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]

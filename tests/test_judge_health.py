@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from openrlhf_classmate.integration.step_health import main_tally, step_report
+from openrlhf_classmate.integration.experience.step_health import main_tally, step_report
 from openrlhf_classmate.reward_func import reward_func
 from openrlhf_classmate.scoring import JudgeClient, JudgeConfig, JudgeReply, ScoreResult, score_responses
 from openrlhf_classmate.scoring.judge_health import (
@@ -149,8 +149,8 @@ def test_classmate_stream_from_the_controllers_judge_client():
 
 def test_a_judge_scored_step_without_a_judge_stops_the_run():
     """Hub datasets escape the preflight's file scan; the first step refuses them instead of training on failures."""
-    from openrlhf_classmate.integration.args import parse_args
-    from openrlhf_classmate.integration.step_health import JudgeMissingError, require_judge
+    from openrlhf_classmate.integration.experience.step_health import JudgeMissingError, require_judge
+    from openrlhf_classmate.integration.launch.args import parse_args
 
     args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "org/hub-data",
                        "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1"])

@@ -1,6 +1,6 @@
 """``--engine.kv_cache_gib``: a fixed KV-cache size for every vLLM engine (vLLM's ``kv_cache_memory_bytes``), so that
 vLLM does not profile the GPU's free memory at start-up. The launcher passes it to the engine actors through the Ray
-runtime environment; the engine actor (``integration/vllm_engine.CountingRolloutActor``) hands it to
+runtime environment; the engine actor (``integration/rollout/vllm_engine.CountingRolloutActor``) hands it to
 ``vllm.AsyncEngineArgs`` through upstream's own ``RolloutRayActor.__init__`` (run here, on CPU, up to the engine
 construction). vLLM itself is checked on the GPU (``bench/GPU_RESULTS.md`` section 4: the demo's engines)."""
 
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.integration.launch.args import parse_args
 
 
 def _args(*extra: str):
@@ -33,7 +33,7 @@ def test_hf_engines_refuse_it_with_one_line(capsys):
 
 
 def test_the_launcher_passes_the_size_in_bytes_to_the_engine_actors():
-    from openrlhf_classmate.integration.vllm_engine import KV_CACHE_ENV, engine_env
+    from openrlhf_classmate.integration.rollout.vllm_engine import KV_CACHE_ENV, engine_env
 
     assert engine_env(_args("--engine.backend", "vllm", "--engine.kv_cache_gib", "1.5")) == {
         KV_CACHE_ENV: str(3 * 2**29)}
@@ -52,7 +52,7 @@ def test_the_engine_actor_gives_vllm_the_size_through_upstreams_init(monkeypatch
     import vllm
     from openrlhf.trainer.ray import vllm_engine as upstream
 
-    from openrlhf_classmate.integration.vllm_engine import KV_CACHE_ENV, CountingRolloutActor
+    from openrlhf_classmate.integration.rollout.vllm_engine import KV_CACHE_ENV, CountingRolloutActor
 
     seen = {}
 

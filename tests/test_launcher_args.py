@@ -5,8 +5,8 @@ import os
 import pytest
 
 from openrlhf_classmate.eval.generation import real_vllm_available
-from openrlhf_classmate.integration.args import ConfigError, build_parser, parse_args
 from openrlhf_classmate.integration.classmate_config import REWARD_FUNC_PATH
+from openrlhf_classmate.integration.launch.args import ConfigError, build_parser, parse_args
 from openrlhf_classmate.testing.tokenizers import build_word_tokenizer
 
 BASE = [
@@ -315,7 +315,7 @@ def test_seq_mean_token_sum_norm_needs_a_fixed_response_width():
     # same response would weigh 1/5 or 1/9 of its token sum depending on the prompts it was batched with
     import torch
 
-    from openrlhf_classmate.integration.actor import build_classmate_loss
+    from openrlhf_classmate.integration.training.actor import build_classmate_loss
 
     for extra in ([], CLASSMATE):
         text = _error(BASE + extra + ["--classmate.loss_agg_mode", "seq-mean-token-sum-norm"])

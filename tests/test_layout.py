@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from openrlhf_classmate.cli import train_ppo_ray
-from openrlhf_classmate.integration import layout
-from openrlhf_classmate.integration.args import build_parser, parse_args
 from openrlhf_classmate.integration.classmate_config import AUTO_RULE, ClassmateConfig
-from openrlhf_classmate.integration.layout import (
+from openrlhf_classmate.integration.launch import layout
+from openrlhf_classmate.integration.launch.args import build_parser, parse_args
+from openrlhf_classmate.integration.launch.layout import (
     Batches,
     batch_message,
     batch_problem,
@@ -27,7 +27,7 @@ from openrlhf_classmate.integration.layout import (
     rank_samples,
     working_values,
 )
-from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport
+from openrlhf_classmate.integration.launch.preflight import PreflightError, PreflightReport
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GDPO = os.path.join(REPO, "configs", "classmate_gdpo.yaml")

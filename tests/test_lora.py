@@ -11,8 +11,8 @@ import pytest
 import torch
 from openrlhf.models.actor import Actor
 
-from openrlhf_classmate.integration.actor import engine_state_dict
-from openrlhf_classmate.integration.hf_engine import HFEngine
+from openrlhf_classmate.integration.rollout.hf_engine import HFEngine
+from openrlhf_classmate.integration.training.actor import engine_state_dict
 from openrlhf_classmate.testing.e2e import (
     WORDS,
     build_world,

@@ -51,7 +51,7 @@ def test_the_ephemeral_range_falls_back_to_linux_defaults(monkeypatch, tmp_path)
 @pytest.mark.parametrize("name", ["ClassmatePolicyModelActor", "ClassmateReferenceModelActor"])
 def test_the_actor_groups_rank_0_takes_its_master_port_from_here(name, monkeypatch):
     # upstream's BaseDistributedActor.__init__ (run for real) asks self._get_free_port() when no port is given
-    from openrlhf_classmate.integration import actor
+    from openrlhf_classmate.integration.training import actor
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)  # __init__ sets them in this process

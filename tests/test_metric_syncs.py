@@ -70,7 +70,7 @@ def _upstream_paths(m) -> None:
     """Upstream's per-key path, under the monkeypatch context ``m``: our strategy's ``all_reduce`` packs nothing
     (upstream's collective per key), ``training_step`` leaves the metrics to upstream's ``.item()`` per metric, and
     the collate leaves each per-sample metric a list of 0-dim tensors."""
-    from openrlhf_classmate.integration import actor, strategy
+    from openrlhf_classmate.integration.training import actor, strategy
 
     m.setattr(strategy, "packable", lambda data: None)
     m.setattr(actor, "metrics_to_host", lambda metrics, weights: None)
@@ -140,7 +140,7 @@ def test_the_nonfinite_guard_reads_nothing_back_per_micro_batch(monkeypatch):
     """On the meta device (no values: any read to the host raises) the guard counts a micro-batch's checks; the
     counts are read once, at the accumulation boundary, where the ranks agree on them. The same checks on CPU
     tensors count a NaN reward, a NaN advantage on an action token (not one off the mask) and a NaN loss."""
-    from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
+    from openrlhf_classmate.integration.training.nonfinite import NonfiniteGuard
 
     param = torch.nn.Parameter(torch.zeros(2))
     engine = SimpleNamespace(optimizer=torch.optim.SGD([param], lr=0.1))

@@ -13,9 +13,9 @@ import ray
 import torch
 
 from openrlhf_classmate.algo.mismatch import METRIC_KEYS, logprob_mismatch
-from openrlhf_classmate.integration import mismatch
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.hf_engine import HFEngine, create_hf_engines
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.rollout import mismatch
+from openrlhf_classmate.integration.rollout.hf_engine import HFEngine, create_hf_engines
 from openrlhf_classmate.integration.trainer import install_rollout_request
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
@@ -205,7 +205,7 @@ def test_the_samples_generator_measures_steps_one_two_and_every_interval(monkeyp
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
     from openrlhf_classmate.integration import bench_switches
-    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+    from openrlhf_classmate.integration.rollout.samples_generator import ClassmateSamplesGenerator
 
     monkeypatch.setattr(mismatch, "_measuring", True)
     seen = []

@@ -1,12 +1,12 @@
 """Upstream's model and parallelism options (``--ds.lora.*``, ``--ds.ring_attn_size``, ``--ds.tensor_parallel_size``,
 ``--ds.use_liger_kernel``) at launch: accepted where they work with a classmate, else one ``error:`` line before Ray
-(``integration/model_options.py``). ``tests/test_lora.py`` runs LoRA with a classmate."""
+(``integration/launch/model_options.py``). ``tests/test_lora.py`` runs LoRA with a classmate."""
 
 import importlib.util
 
 import pytest
 
-from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.integration.launch.args import parse_args
 
 BASE = [
     "--actor.model_name_or_path", "policy", "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "1",

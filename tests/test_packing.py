@@ -17,8 +17,8 @@ from openrlhf.utils.loss_utils import get_loss_batch_info, iter_grad_accum_globa
 
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
 from openrlhf_classmate.integration import patches
-from openrlhf_classmate.integration.actor import ClassmateLossAdapter
-from openrlhf_classmate.integration.experience import ClassmateExperience
+from openrlhf_classmate.integration.experience.experience import ClassmateExperience
+from openrlhf_classmate.integration.training.actor import ClassmateLossAdapter
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 WORDS = [str(i) for i in range(20)]

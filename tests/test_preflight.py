@@ -12,9 +12,9 @@ import pytest
 
 from openrlhf_classmate.cli import train_ppo_ray
 from openrlhf_classmate.config_fields import option_help
-from openrlhf_classmate.integration.args import parse_args
 from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
-from openrlhf_classmate.integration.preflight import (
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.launch.preflight import (
     RANGES,
     PreflightError,
     PreflightReport,
@@ -110,7 +110,7 @@ def test_tokenizer_check_is_skipped_when_nothing_splits_on_tags():
 
 
 def test_hf_engine_refuses_a_batch_that_would_never_run(tmp_path):
-    from openrlhf_classmate.integration.hf_engine import HFEngine
+    from openrlhf_classmate.integration.rollout.hf_engine import HFEngine
 
     model = save_tiny_model(str(tmp_path / "m"), ["a"], hidden_size=8, num_layers=1, num_heads=2)
     with pytest.raises(ValueError, match=r"--engine.hf_max_batch\) must be >= 1, got 0"):
@@ -237,7 +237,7 @@ CLASSMATE = ["--classmate.model_name_or_path", "c"]
 
 
 def test_each_row_is_checked_by_every_registry_scorer_it_meets():
-    from openrlhf_classmate.integration.preflight_data import row_scorers
+    from openrlhf_classmate.integration.launch.preflight_data import row_scorers
 
     remote = ["--reward.remote_url", "http://127.0.0.1:9/score"]
     assert row_scorers(parse_args(BASE)) == (("", "auto"),)  # the registry reward, each label's data_source
@@ -278,7 +278,7 @@ def test_eval_rows_are_not_checked_against_the_classmate_scorer(tmp_path, capsys
 
 
 def test_options_that_act_without_a_classmate_are_not_refused_without_one():
-    from openrlhf_classmate.integration.preflight import check_classmate_only_flags
+    from openrlhf_classmate.integration.launch.preflight import check_classmate_only_flags
 
     args = parse_args(BASE + ["--classmate.think_open", "<reason>", "--classmate.think_close", "</reason>",
                               "--classmate.final_answer", "whole_response", "--classmate.main_scorer", "gsm8k",
@@ -299,7 +299,7 @@ def test_options_that_act_without_a_classmate_are_not_refused_without_one():
     (["--classmate.placement", "colocate", "--train.colocate_all", "--vllm.enable_sleep"], True),
 ])
 def test_engine_memory_fractions_are_checked_where_both_engine_groups_share_gpus(flags, refused):
-    from openrlhf_classmate.integration.preflight import check_engine_memory
+    from openrlhf_classmate.integration.launch.preflight import check_engine_memory
 
     args = parse_args(BASE + CLASSMATE + flags + ["--vllm.gpu_memory_utilization", "0.8"])
     args.engine.backend = "vllm"  # as resolved where vLLM is installed
@@ -321,7 +321,7 @@ def test_the_sandbox_request_time_limit_must_exceed_the_sandbox_default_per_test
     import http.server
     import threading
 
-    from openrlhf_classmate.integration.preflight_data import _check_code_time_limits, _Lengths
+    from openrlhf_classmate.integration.launch.preflight_data import _check_code_time_limits, _Lengths
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802

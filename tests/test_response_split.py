@@ -25,9 +25,9 @@ from openrlhf_classmate.algo.response_split import ThinkFormat, decoded_answer, 
 from openrlhf_classmate.algo.spans import split_response_ids, think_token_ids
 from openrlhf_classmate.cli import evaluate as ev
 from openrlhf_classmate.cli.train_ppo_ray import POLICY_EXECUTOR_PATH, reward_env
-from openrlhf_classmate.integration.args import parse_args
-from openrlhf_classmate.integration.classmate_stage import ClassmateStage
-from openrlhf_classmate.integration.hf_engine import HFEngine
+from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateStage
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.rollout.hf_engine import HFEngine
 from openrlhf_classmate.testing.bpe_world import KINDS
 
 MAX_TOKENS = 48

@@ -642,8 +642,8 @@ def test_config_defaults_are_sane():
 def test_the_preflight_checks_code_time_limits_against_the_running_sandbox(service, monkeypatch):
     """Rows (or OPENRLHF_CLASSMATE_CODE_TIME_LIMIT) asking for more time per test than this service's
     --max-time-limit (20 s) are refused before the run: the service would answer 422 to every such request."""
-    from openrlhf_classmate.integration.preflight import PreflightError, PreflightReport
-    from openrlhf_classmate.integration.preflight_data import _check_code_time_limits, _Lengths
+    from openrlhf_classmate.integration.launch.preflight import PreflightError, PreflightReport
+    from openrlhf_classmate.integration.launch.preflight_data import _check_code_time_limits, _Lengths
 
     monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", service.url)
     found = _Lengths(first_use={"code": "d.jsonl:1"}, code_limit=(30.0, "d.jsonl:4"))

@@ -159,7 +159,7 @@ def test_engine_reward_function_reports_validity(service, monkeypatch):
 
 def test_the_launcher_checks_the_sandbox_environment_before_starting(monkeypatch):
     from openrlhf_classmate.cli.train_ppo_ray import check_scorer_environment
-    from openrlhf_classmate.integration.args import ConfigError
+    from openrlhf_classmate.integration.launch.args import ConfigError
 
     check_scorer_environment()  # nothing set: defaults
     monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", "127.0.0.1:8001")

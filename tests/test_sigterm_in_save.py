@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_classmate.integration.checkpoints import MARKER
+from openrlhf_classmate.integration.training.checkpoints import MARKER
 from openrlhf_classmate.testing.e2e import one_row_world, one_step_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_sigterm_during_a_save_is_one_line_and_the_resume_continues_from_the_com
 
 HANDLER_SCRIPT = r"""
 import os, signal, sys, time
-from openrlhf_classmate.integration.terminated import install_sigterm_handler
+from openrlhf_classmate.integration.launch.terminated import install_sigterm_handler
 
 def rays(signum, frame):  # a stand-in for the handler ray.init installs: stop the cluster, then sys.exit(1)
     print("the previous handler ran", flush=True)

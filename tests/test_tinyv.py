@@ -360,7 +360,7 @@ def test_the_reward_function_logs_the_declared_metrics_for_every_sample(monkeypa
 
 
 def _parse(*extra):
-    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.integration.launch.args import parse_args
 
     return parse_args(["--actor.model_name_or_path", "tiny", *extra])
 
@@ -382,7 +382,7 @@ def test_bad_tinyv_options_are_refused_with_one_line(extra, message, capsys):
 
 
 def test_the_engines_get_the_verifier_settings_and_the_declared_metrics():
-    from openrlhf_classmate.integration.reward_methods import reward_method_env
+    from openrlhf_classmate.integration.experience.reward_methods import reward_method_env
 
     args = _parse("--tinyv.base_url", "http://127.0.0.1:8001/v1", "--tinyv.mode", "mixed", "--tinyv.weight", "0.3")
     env = reward_method_env(args)
@@ -397,8 +397,8 @@ def test_the_engines_get_the_verifier_settings_and_the_declared_metrics():
 def test_evaluation_reads_the_validation_reward():
     import torch
 
-    from openrlhf_classmate.integration.experience import ClassmateExperience
-    from openrlhf_classmate.integration.reward_methods import use_validation_rewards
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.reward_methods import use_validation_rewards
 
     rescued = ClassmateExperience(rewards=torch.tensor([0.3]), info={"validation_reward": torch.tensor([1.0])})
     plain = ClassmateExperience(rewards=torch.tensor([0.5]), info={})
@@ -409,8 +409,8 @@ def test_evaluation_reads_the_validation_reward():
 def test_the_trainer_s_evaluation_uses_the_validation_rewards():
     import torch
 
-    from openrlhf_classmate.integration.experience import ClassmateExperience
-    from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.reward_methods import evaluate_with_validation_rewards
 
     class Generator:
         def generate_eval_samples(self, **kwargs):

@@ -147,8 +147,8 @@ def test_steps_without_any_valid_main_score_are_skipped_then_the_run_stops(monke
     from openrlhf.trainer.ppo_trainer import PPOTrainer
 
     from openrlhf_classmate.errors import TrainingStopped
-    from openrlhf_classmate.integration.args import parse_args
-    from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
+    from openrlhf_classmate.integration.experience.experience_maker import AllScoresInvalidError
+    from openrlhf_classmate.integration.launch.args import parse_args
 
     label = '{"data_source": "arithmetic", "ground_truth": "2"}'
 
@@ -213,7 +213,7 @@ def test_each_step_reports_the_mismatch_and_warns_once_above_the_threshold(monke
 
     from openrlhf_classmate.algo.mismatch import Mismatch
     from openrlhf_classmate.integration import trainer as trainer_module
-    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.integration.launch.args import parse_args
 
     lines = []
     handler = logging.Handler()
@@ -267,7 +267,7 @@ def test_a_run_whose_classmate_scores_are_all_invalid_stops_like_one_without_mai
     from openrlhf.trainer.ppo_trainer import PPOTrainer
 
     from openrlhf_classmate.errors import TrainingStopped
-    from openrlhf_classmate.integration.args import parse_args
+    from openrlhf_classmate.integration.launch.args import parse_args
     from openrlhf_classmate.scoring.result import ScoreResult
 
     label = '{"data_source": "arithmetic", "ground_truth": "2"}'

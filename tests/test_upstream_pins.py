@@ -61,7 +61,7 @@ def test_train_and_trainer_signatures():
 def test_hf_engine_factory_mirrors_create_vllm_engines():
     from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
 
-    from openrlhf_classmate.integration.hf_engine import create_hf_engines
+    from openrlhf_classmate.integration.rollout.hf_engine import create_hf_engines
 
     assert _params(create_hf_engines)[: len(_params(create_vllm_engines))] == _params(create_vllm_engines)
 
@@ -69,7 +69,7 @@ def test_hf_engine_factory_mirrors_create_vllm_engines():
 def test_hf_engine_offers_the_rollout_actor_methods_we_and_upstream_call():
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
-    from openrlhf_classmate.integration.hf_engine import HFEngine
+    from openrlhf_classmate.integration.rollout.hf_engine import HFEngine
 
     upstream = RolloutRayActor.__ray_actor_class__
     for name in ("generate", "generate_responses", "get_num_unfinished_requests", "sleep", "wake_up",
@@ -81,7 +81,7 @@ def test_hf_engine_offers_the_rollout_actor_methods_we_and_upstream_call():
 def test_rebinding_targets_exist_and_experience_is_rebound_everywhere():
     import importlib
 
-    from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
     patches.install_experience()
     for name in patches.EXPERIENCE_MODULES:
@@ -100,7 +100,7 @@ def test_both_controllers_build_our_samples_generator(monkeypatch):
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
-    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+    from openrlhf_classmate.integration.rollout.samples_generator import ClassmateSamplesGenerator
 
     for module in (ppo_trainer, ppo_trainer_async):
         monkeypatch.setattr(module, "SamplesGenerator", module.SamplesGenerator)  # restored after the test
@@ -109,7 +109,7 @@ def test_both_controllers_build_our_samples_generator(monkeypatch):
 
 
 def test_upstream_cli_main_block_is_still_reusable():
-    from openrlhf_classmate.integration.args import _upstream_main_block
+    from openrlhf_classmate.integration.launch.args import _upstream_main_block
 
     build, post, _ = _upstream_main_block()
     assert len(build) > 100 and len(post) > 10

@@ -4,7 +4,7 @@ launcher's rebinding makes upstream's ``create_vllm_engines`` build the counting
 
 import asyncio
 
-from openrlhf_classmate.integration.vllm_engine import CountingRolloutActor
+from openrlhf_classmate.integration.rollout.vllm_engine import CountingRolloutActor
 
 
 class FakeAsyncLLM:

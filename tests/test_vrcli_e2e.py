@@ -70,7 +70,7 @@ def test_vrcli_config_trains_two_steps_through_the_launcher(tmp_path):
     eval_tags = [t for t in tb if t.startswith("eval") and "vrcli" in t]
     assert any("invalid" in t for t in eval_tags), sorted(tb)
     # pass1 over the valid eval scores: a step whose eval drew no valid plan at all has no pass1 rather than a 0
-    # (integration/eval_metrics.py; the tiny policy draws none in some runs, CI's of 2026-11-28 among them)
+    # (integration/experience/eval_metrics.py; the tiny policy draws none in some runs, CI's of 2026-11-28 among them)
     pass1 = next((tb[t] for t in tb if t.endswith("vrcli_story_pass1")), {})
     fraction = tb.get("eval/eval_main_valid_fraction", {})
     eval_steps = set(tb["eval/eval_num_samples"])

@@ -15,7 +15,7 @@ import torch
 
 from openrlhf_classmate.data.story_prompts import generator_messages, policy_messages
 from openrlhf_classmate.errors import TrainingStopped
-from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.integration.launch.args import parse_args
 from openrlhf_classmate.rewards.likelihood import (
     TemplateError,
     generator_inputs,
@@ -60,7 +60,7 @@ def fake_ray(monkeypatch):
 
 def _sample(tok, label: dict, response: str):
     """A rollout sample as upstream builds it: prompt + response tokens, action mask over the response."""
-    from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
     prompt = tok.apply_chat_template(label["messages"], add_generation_prompt=True, tokenize=False)
     prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -496,8 +496,8 @@ def test_the_hook_rewards_reach_upstreams_advantages_through_the_maker(world, fa
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
     from openrlhf_classmate.integration import patches
-    from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
-    from openrlhf_classmate.integration.reward_methods import build_reward_hooks
+    from openrlhf_classmate.integration.experience.experience_maker import ClassmateExperienceMaker
+    from openrlhf_classmate.integration.experience.reward_methods import build_reward_hooks
 
     patches.install_experience()
     args = parse_args(_argv(world, "--vrcli.baseline", "online", "--rollout.micro_batch_size", "4"))
@@ -524,7 +524,7 @@ def test_the_hook_rewards_reach_upstreams_advantages_through_the_maker(world, fa
 
 
 def test_evaluation_scores_eval_samples_with_the_hook(world, fake_ray):
-    from openrlhf_classmate.integration.reward_methods import build_reward_hooks
+    from openrlhf_classmate.integration.experience.reward_methods import build_reward_hooks
     from openrlhf_classmate.integration.trainer import ClassmatePPOTrainer
 
     args = parse_args(_argv(world, "--vrcli.baseline", "online"))

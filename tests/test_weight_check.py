@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from openrlhf_classmate.errors import TrainingStopped
-from openrlhf_classmate.integration.weight_check import (
+from openrlhf_classmate.integration.training.weight_check import (
     LoadCheckedActor,
     checkpoint_key,
     safetensors_files,

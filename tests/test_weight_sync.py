@@ -1,4 +1,4 @@
-"""``integration/weight_sync.py``: the colocated weight sync in buckets (one CUDA-IPC handle and one engine call per
+"""``integration/training/weight_sync.py``: the colocated weight sync in buckets (one CUDA-IPC handle and one engine call per
 bucket instead of per parameter). The packing is exact (every parameter arrives bit for bit, under its name, in its
 shape); the actor's sync sends every parameter once, in buckets no larger than asked, the last one flagged; the
 worker loads a bucket in one ``load_weights`` call; the engines name our worker extension where upstream names its
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from openrlhf_classmate.integration import weight_sync
-from openrlhf_classmate.integration.args import parse_args
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.training import weight_sync
 
 
 def _model() -> torch.nn.Module:
@@ -144,14 +144,14 @@ def test_the_worker_loads_a_bucket_in_one_call_and_refuses_another_dtype(monkeyp
 def test_the_engines_get_our_worker_extension_where_upstream_names_its_own():
     from openrlhf.trainer.ray import vllm_engine as upstream
 
-    from openrlhf_classmate.integration import vllm_engine
+    from openrlhf_classmate.integration.rollout import vllm_engine
 
     # upstream 0.11.2's create_vllm_engines names this class: if that changes, the swap below silently stops
     assert f'"worker_extension_cls": "{vllm_engine.UPSTREAM_WORKER_EXTENSION}"' in inspect.getsource(
         upstream.create_vllm_engines)
     kwargs = vllm_engine.engine_kwargs({"worker_extension_cls": vllm_engine.UPSTREAM_WORKER_EXTENSION, "seed": 1},
                                        environ={})
-    assert kwargs == {"worker_extension_cls": "openrlhf_classmate.integration.weight_sync.BucketWorkerWrap", "seed": 1}
+    assert kwargs == {"worker_extension_cls": "openrlhf_classmate.integration.training.weight_sync.BucketWorkerWrap", "seed": 1}
     assert vllm_engine.engine_kwargs({"worker_extension_cls": "my.Ext"}, environ={}) == {"worker_extension_cls": "my.Ext"}
     # the engine actor forwards a bucket and counts its parameters and, at the last bucket, one complete sync
     assert "update_weights_cuda_ipc_bucket" in dir(vllm_engine.CountingRolloutActor)
@@ -168,8 +168,8 @@ def test_the_actor_uses_buckets_only_where_upstream_would_send_cuda_ipc(monkeypa
                                                                         expected):
     from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
-    from openrlhf_classmate.integration import actor as actor_module
     from openrlhf_classmate.integration import bench_switches
+    from openrlhf_classmate.integration.training import actor as actor_module
 
     ran = []
     monkeypatch.setattr(ActorPPOTrainer, "broadcast_to_vllm", lambda self: ran.append("upstream"))

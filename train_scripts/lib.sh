@@ -663,7 +663,7 @@ run_config() {
   args+=(--ckpt.path "$out/ckpt" --ckpt.output_dir "$out/final" --logger.tensorboard_dir "$out/tensorboard")
   check_classmate_gpus "$@"
   # the configs' batch sizes are global (the algorithm's) and their micro-batch sizes per GPU: on more actor GPUs the
-  # micro-batches shrink until each GPU gets a whole number of them per optimizer step (integration/layout.py:
+  # micro-batches shrink until each GPU gets a whole number of them per optimizer step (integration/launch/layout.py:
   # fit_micro_batches; a micro-batch size among FLAGS is kept); the preflight refuses what no micro-batch size fixes
   if [[ -n "${ACTOR_GPUS:-}" ]]; then
     local fitted=()

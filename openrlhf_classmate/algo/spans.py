@@ -1,7 +1,7 @@
 """CoT spans of main-model responses, computed on token ids, never on decoded text.
 
 :func:`split_response_ids` is *the* split of one response into (CoT span, answer span, status). The classmate stage
-(through :func:`cot_mask`), the main reward (``integration/policy_executor.py``) and evaluation
+(through :func:`cot_mask`), the main reward (``integration/rollout/policy_executor.py``) and evaluation
 (``cli/evaluate.py``) all call it, so the three cannot disagree. Rules, on the response's token ids:
 
 * ``think_close_id=None``: no think block at all (``--classmate.final_answer whole_response``, ``evaluate

@@ -138,7 +138,7 @@ def resolve_tag(root: str, tag: str | None) -> str:
                               f"as global_step20); available tags: {listing}")
     if not glob.glob(os.path.join(glob.escape(root), glob.escape(tag), "*model_states.pt")):
         raise ConversionError(f"checkpoint tag {tag!r} not found in {root} (available tags: {listing})")
-    from openrlhf_classmate.integration.checkpoints import inspect_tag
+    from openrlhf_classmate.integration.training.checkpoints import inspect_tag
 
     problem = inspect_tag(os.path.join(root, tag))
     if problem:

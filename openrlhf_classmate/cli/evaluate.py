@@ -269,7 +269,7 @@ def _check_ranges(args) -> None:
 
 def _check_paths(args) -> None:
     """The model folders exist (or look like hub ids) and the output directory can be written."""
-    from openrlhf_classmate.integration.preflight_types import looks_local
+    from openrlhf_classmate.integration.launch.preflight_types import looks_local
 
     for flag, path in (("--model", args.model), ("--classmate", args.classmate), *(("--reader", r) for r in args.reader)):
         if path is None:
@@ -433,7 +433,7 @@ def _check_models(args, tokenizer) -> None:
     (``--model``, ``--classmate``, every ``--reader``); with ``--classmate-prompt-mode splice``, readers with the
     policy's vocabulary (checked before any generation, not after the policy's)."""
     from openrlhf_classmate.algo.classmate_prompt import check_splice_compatible
-    from openrlhf_classmate.integration.preflight import vocab_problem
+    from openrlhf_classmate.integration.launch.preflight import vocab_problem
 
     problem = vocab_problem("--model", args.model, lambda: tokenizer)
     for reader in readers.readers_of(args):
@@ -456,7 +456,7 @@ def _fit_context(args, rows: list[Row], prompt_ids: list[list[int]], backend: st
     ``--max-new-tokens`` that fills the context alone is refused, as the launcher refuses ``--data.max_len`` <=
     ``--rollout.max_new_tokens``."""
     from openrlhf_classmate.eval.common import model_context
-    from openrlhf_classmate.integration.preflight_data import LongPrompts
+    from openrlhf_classmate.integration.launch.preflight_data import LongPrompts
 
     if backend == "vllm" and args.max_model_len:
         context, source = args.max_model_len, "--max-model-len"

@@ -1,7 +1,7 @@
 """``python -m openrlhf_classmate.cli.train_ppo_ray``: OpenRLHF's ``train_ppo_ray`` plus classmate training.
 
 Accepts every flag of ``openrlhf.cli.train_ppo_ray`` 0.11.2 unchanged, plus ``--classmate.*``, ``--engine.*``,
-``--config FILE.yaml`` and ``--check`` (parse and preflight only: :mod:`openrlhf_classmate.integration.preflight`,
+``--config FILE.yaml`` and ``--check`` (parse and preflight only: :mod:`openrlhf_classmate.integration.launch.preflight`,
 which also runs before every launch). It rebinds the few upstream names listed in :mod:`openrlhf_classmate.integration.patches`
 and then calls upstream's own ``train(args)``: without ``--classmate.model_name_or_path`` the run is upstream's.
 """
@@ -15,23 +15,24 @@ import sys
 import time
 
 import openrlhf_classmate  # noqa: F401  (CPU shims first)
-from openrlhf_classmate.integration import mismatch, patches
-from openrlhf_classmate.integration.args import ConfigError, parse_args
+from openrlhf_classmate.integration import patches
 from openrlhf_classmate.integration.classmate_config import (
     classmate_enabled,
     is_registry_reward_func,
     judge_config_from_args,
     registry_reward_in_use,
 )
-from openrlhf_classmate.integration.startup import StartupClock, mark_launch
+from openrlhf_classmate.integration.launch.args import ConfigError, parse_args
+from openrlhf_classmate.integration.launch.startup import StartupClock, mark_launch
+from openrlhf_classmate.integration.rollout import mismatch
 
 INTEGRATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration")
-CLASSMATE_EXECUTOR_PATH = os.path.join(INTEGRATION_DIR, "classmate_executor.py")
-POLICY_EXECUTOR_PATH = os.path.join(INTEGRATION_DIR, "policy_executor.py")
+CLASSMATE_EXECUTOR_PATH = os.path.join(INTEGRATION_DIR, "classmate", "classmate_executor.py")
+POLICY_EXECUTOR_PATH = os.path.join(INTEGRATION_DIR, "rollout", "policy_executor.py")
 
 
 def reward_env(args) -> dict[str, str]:
-    """Settings the engine-side reward (``integration/policy_executor.py`` + ``reward_func.py``) reads: it receives
+    """Settings the engine-side reward (``integration/rollout/policy_executor.py`` + ``reward_func.py``) reads: it receives
     no ``args``. Checks, before Ray starts, that the registry reward can split the policy's responses on token ids."""
     from transformers import AutoTokenizer
 
@@ -57,7 +58,7 @@ def reward_env(args) -> dict[str, str]:
     judge = judge_config_from_args(args)
     if judge is not None:
         env["OPENRLHF_CLASSMATE_JUDGE"] = json.dumps(dataclasses.asdict(judge))
-    from openrlhf_classmate.integration.reward_methods import reward_method_env
+    from openrlhf_classmate.integration.experience.reward_methods import reward_method_env
 
     env.update(reward_method_env(args))  # TinyV's verifier and the declared per-sample scorer metrics
     return env
@@ -109,7 +110,7 @@ def init_ray(args, extra_env: dict[str, str]) -> None:
         # No GPU: logical GPUs let upstream's placement groups schedule; DeepSpeed runs on its CPU accelerator.
         env["DS_ACCELERATOR"] = "cpu"
         ray.init(num_cpus=16, num_gpus=8, runtime_env=runtime_env, include_dashboard=False)
-    from openrlhf_classmate.integration.terminated import install_sigterm_handler
+    from openrlhf_classmate.integration.launch.terminated import install_sigterm_handler
 
     if args is not None:
         install_sigterm_handler(args.ckpt.path)  # after ray.init, which sets its own
@@ -140,12 +141,12 @@ class EngineFactory:
         self.args = args
         self.policy_pg = None
         self.policy_engines: list = []
-        self.clock = clock or StartupClock()  # the engine groups' start-up seconds (integration/startup.py)
+        self.clock = clock or StartupClock()  # the engine groups' start-up seconds (integration/launch/startup.py)
 
     def create(self, *args, **kwargs):
         """Engines of either group on the chosen backend; the arguments are ``create_vllm_engines``'s."""
         if self.args.engine.backend == "hf":
-            from openrlhf_classmate.integration.hf_engine import create_hf_engines
+            from openrlhf_classmate.integration.rollout.hf_engine import create_hf_engines
 
             return create_hf_engines(*args, max_batch=self.args.engine.hf_max_batch, **kwargs)
         from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
@@ -157,7 +158,7 @@ class EngineFactory:
         positional)."""
         import inspect
 
-        from openrlhf_classmate.integration.hf_engine import create_hf_engines
+        from openrlhf_classmate.integration.rollout.hf_engine import create_hf_engines
 
         # upstream passes some arguments by position: binding them to create_hf_engines' signature, which mirrors
         # create_vllm_engines' parameters (tested in test_upstream_pins), names them all, so the reward path and
@@ -263,8 +264,8 @@ def run(args) -> TrainerFactory:
     import ray
     from openrlhf.cli import train_ppo_ray as upstream
 
-    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
-    from openrlhf_classmate.integration.vllm_engine import engine_env
+    from openrlhf_classmate.integration.rollout.vllm_engine import engine_env
+    from openrlhf_classmate.integration.training.actor import ClassmatePolicyModelActor, ClassmateReferenceModelActor
 
     launched = mark_launch()
     clock = StartupClock()
@@ -304,9 +305,9 @@ def check_scorer_environment() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse, run the preflight (``--check`` stops there), then train. Bad input ends in one line ``error: ...``."""
-    from openrlhf_classmate.integration.preflight import PreflightError, preflight
+    from openrlhf_classmate.integration.launch.preflight import PreflightError, preflight
 
-    mark_launch()  # the start-up breakdown counts from this process's start (integration/startup.py)
+    mark_launch()  # the start-up breakdown counts from this process's start (integration/launch/startup.py)
 
     try:
         args = parse_args(argv)
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         run(args)
     except Exception as e:  # noqa: BLE001 - our own stop, a full disk, a dead process become one line; else re-raises
         from openrlhf_classmate.errors import TrainingStopped
-        from openrlhf_classmate.integration.disk_full import no_space_message
+        from openrlhf_classmate.integration.training.disk_full import no_space_message
 
         cause = getattr(e, "cause", e)  # Ray wraps the controller's exception in a RayTaskError
         if isinstance(cause, TrainingStopped):
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
                                 args.ckpt.path)
         if full:
             raise SystemExit(full) from None
-        from openrlhf_classmate.integration.actor_died import actor_died_message
+        from openrlhf_classmate.integration.launch.actor_died import actor_died_message
 
         died = actor_died_message(e, args.ckpt.path)
         if died:

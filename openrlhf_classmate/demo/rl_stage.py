@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from openrlhf_classmate.demo.launch import parse_step_line
-from openrlhf_classmate.integration.checkpoints import CheckpointError, choose_resume_tag, tag_step
+from openrlhf_classmate.integration.training.checkpoints import CheckpointError, choose_resume_tag, tag_step
 
 KILL_GRACE_S = 15.0
 CHECK_EVERY_S = 0.5  # how often the checkpoint folder is looked at (a listing and a zip directory per file)

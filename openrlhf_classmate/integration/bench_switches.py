@@ -4,7 +4,7 @@ A training run never sets them. They let one launcher run time several paths und
 machine drift, so that each comparison is a pair measured inside one device call:
 
 * ``OPENRLHF_CLASSMATE_BENCH_ALTERNATE=1``: odd rollout batches are classmate GDPO steps, even ones plain GRPO
-  (:class:`~openrlhf_classmate.integration.experience_maker.ClassmateExperienceMaker`).
+  (:class:`~openrlhf_classmate.integration.experience.experience_maker.ClassmateExperienceMaker`).
 * ``OPENRLHF_CLASSMATE_BENCH_BEFORE=<change>[,<change>...]``: some steps take the path from before a change of
   :data:`BEFORE_CHANGES`. The steps cycle through the launcher's own path ("after") and each listed change's before
   path (:func:`before_path`); the experience maker logs each rollout batch's path index as ``bench/before``, which
@@ -26,8 +26,8 @@ ALTERNATE_ENV = "OPENRLHF_CLASSMATE_BENCH_ALTERNATE"
 BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
 # the changes whose before path the code still holds: the one-GPU overheads' pairs, each measured as before/after in
 # one run (bench/step_time.py --interleave --before ...):
-#   weightsync: upstream's per-parameter CUDA-IPC weight sync (the actor's own sync count; integration/actor.py)
-#   mismatch:   the sampled tokens' log-probs requested on every step (integration/samples_generator.py)
+#   weightsync: upstream's per-parameter CUDA-IPC weight sync (the actor's own sync count; integration/training/actor.py)
+#   mismatch:   the sampled tokens' log-probs requested on every step (integration/rollout/samples_generator.py)
 BEFORE_CHANGES: tuple[str, ...] = ("weightsync", "mismatch")
 
 

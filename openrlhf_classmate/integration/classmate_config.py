@@ -7,7 +7,7 @@ Each field below becomes ``--classmate.<name>`` (``--engine.<name>`` for :class:
 field's ``help``, ``range`` and default; the preflight enforces the same ``range`` (``preflight.RANGES``). After
 upstream's ``hierarchize`` the values reach every Ray actor as ``strategy.args.classmate.<name>``.
 
-After parsing, :mod:`~openrlhf_classmate.integration.classmate_args` fills in the derived values and checks the
+After parsing, :mod:`~openrlhf_classmate.integration.launch.classmate_args` fills in the derived values and checks the
 combinations.
 """
 
@@ -349,7 +349,7 @@ class EngineConfig:
         default=512,
         metadata={"help": "vllm backend with --train.colocate_all (CUDA IPC): the actor sends its weights to the "
                           "policy engines in buckets of at most this many MiB, one IPC handle and one engine call per "
-                          "bucket, instead of upstream's one per parameter (integration/weight_sync.py). Each bucket "
+                          "bucket, instead of upstream's one per parameter (integration/training/weight_sync.py). Each bucket "
                           "is one extra buffer on each actor GPU while it is sent. 0: upstream's per-parameter sync",
                   "range": Bound(lo=0)},
     )

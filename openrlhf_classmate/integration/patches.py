@@ -25,7 +25,7 @@ upstream name                                    rebound to / why
 ``cli.train_ppo_ray.get_strategy``               ``ResilientDeepspeedStrategy`` (resume skips torn checkpoints,
                                                  ``*_hf`` folders rotate with ``--ckpt.max_num``)
 ``samples_generator.SamplingParams`` (the        rollout requests with the sampled token's log-prob (the
-process that generates rollouts)                 ``mismatch/*`` metrics, ``integration/mismatch.py``)
+process that generates rollouts)                 ``mismatch/*`` metrics, ``integration/rollout/mismatch.py``)
 CPU only: ``torch.cuda.*`` no-ops, ``init_device_mesh`` on cpu, ``ppo_actor.NaiveReplayBuffer`` on cpu
 ===============================================  ==========================================================
 
@@ -106,7 +106,7 @@ def check_upstream() -> None:
 
 def install_experience() -> None:
     """Rebind ``Experience`` to :class:`ClassmateExperience` in every module that builds or splits experiences."""
-    from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
     for name in EXPERIENCE_MODULES:
         module = importlib.import_module(name)
@@ -207,12 +207,12 @@ def recorded_placement_groups() -> list:
 
 
 def install_vllm_engine_counter() -> None:
-    """Make upstream ``create_vllm_engines`` build :class:`~openrlhf_classmate.integration.vllm_engine.
+    """Make upstream ``create_vllm_engines`` build :class:`~openrlhf_classmate.integration.rollout.vllm_engine.
     CountingRolloutActor` (upstream's actor plus weight-update counts); call in the process that creates engines."""
     import openrlhf.trainer.ray.vllm_engine as vllm_engine
     import ray
 
-    from openrlhf_classmate.integration.vllm_engine import CountingRolloutActor
+    from openrlhf_classmate.integration.rollout.vllm_engine import CountingRolloutActor
 
     current = getattr(vllm_engine, "RolloutRayActor", None)
     if current is None:
@@ -227,7 +227,7 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory, referenc
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
-    from openrlhf_classmate.integration.strategy import get_strategy
+    from openrlhf_classmate.integration.training.strategy import get_strategy
 
     for name in ("create_vllm_engines", "PolicyModelActor", "ReferenceModelActor", "placement_group", "train",
                  "get_strategy"):
@@ -254,13 +254,13 @@ def install_launcher(create_engines, policy_actor_cls, trainer_factory, referenc
 
 
 def install_samples_generator() -> None:
-    """Make the controllers build :class:`~openrlhf_classmate.integration.samples_generator.ClassmateSamplesGenerator`
+    """Make the controllers build :class:`~openrlhf_classmate.integration.rollout.samples_generator.ClassmateSamplesGenerator`
     (call in the controller's or the async rollout actor's process, before upstream's ``__init__``)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 
-    from openrlhf_classmate.integration.eval_metrics import masked_eval_metrics
-    from openrlhf_classmate.integration.samples_generator import ClassmateSamplesGenerator
+    from openrlhf_classmate.integration.experience.eval_metrics import masked_eval_metrics
+    from openrlhf_classmate.integration.rollout.samples_generator import ClassmateSamplesGenerator
 
     for module in (ppo_trainer, ppo_trainer_async):
         for name in ("SamplesGenerator", "compute_eval_metrics"):

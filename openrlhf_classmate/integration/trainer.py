@@ -25,20 +25,21 @@ from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerA
 from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_classmate.errors import TrainingStopped  # raised here, caught by the launcher
-from openrlhf_classmate.integration import mismatch, patches
+from openrlhf_classmate.integration import patches
+from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateRollout
 from openrlhf_classmate.integration.classmate_config import dispatch_per_group, judge_config_from_args
-from openrlhf_classmate.integration.classmate_stage import ClassmateRollout
-from openrlhf_classmate.integration.experience_maker import ClassmateExperienceMaker
-from openrlhf_classmate.integration.main_scores import no_valid_score_yet
-from openrlhf_classmate.integration.startup import breakdown as startup_breakdown
-from openrlhf_classmate.integration.startup import summary_line as startup_line
+from openrlhf_classmate.integration.experience.experience_maker import ClassmateExperienceMaker
+from openrlhf_classmate.integration.launch.startup import breakdown as startup_breakdown
+from openrlhf_classmate.integration.launch.startup import summary_line as startup_line
+from openrlhf_classmate.integration.rollout import mismatch
+from openrlhf_classmate.integration.rollout.main_scores import no_valid_score_yet
 
 logger = init_logger(__name__)
 
 
 def install_rollout_request(args) -> None:
     """In this process, make upstream's rollout requests carry the sampled tokens' log-probs (no-op when off;
-    :mod:`~openrlhf_classmate.integration.mismatch` says what the requests ask for and why)."""
+    :mod:`~openrlhf_classmate.integration.rollout.mismatch` says what the requests ask for and why)."""
     if mismatch.enabled(args):
         patches.install_rollout_sampling_params(mismatch.rollout_sampling_params(args))
 
@@ -64,8 +65,8 @@ class ClassmateControllerMixin(BasePPOTrainer):
         stage = None
         self.judge_client = None  # scores the classmate answers; its replies feed the step's judge metrics
         if self.classmate_engines:
-            from openrlhf_classmate.integration.classmate_scoring import build_classmate_scorer
-            from openrlhf_classmate.integration.classmate_stage import ClassmateStage
+            from openrlhf_classmate.integration.classmate.classmate_scoring import build_classmate_scorer
+            from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateStage
             from openrlhf_classmate.scoring import JudgeClient
 
             judge = judge_config_from_args(args)
@@ -75,7 +76,10 @@ class ClassmateControllerMixin(BasePPOTrainer):
                                    scorer=scorer)
         self.classmate_stage = stage
         install_rollout_request(args)  # the sync controller generates the rollouts
-        from openrlhf_classmate.integration.reward_methods import build_reward_hooks, evaluate_with_validation_rewards
+        from openrlhf_classmate.integration.experience.reward_methods import (
+            build_reward_hooks,
+            evaluate_with_validation_rewards,
+        )
 
         if hasattr(self, "samples_generator"):  # sync; in async runs the rollout actor evaluates
             evaluate_with_validation_rewards(self.samples_generator)  # TinyV validates at weight 1
@@ -118,8 +122,8 @@ class ClassmateControllerMixin(BasePPOTrainer):
         """Upstream's step, plus the step's judge health (``judge/*`` and the valid fractions; a warning line when a
         judge request or a score failed). A batch with no valid main score is skipped (one warning line), and a run
         whose every step so far had none stops after ``--classmate.stop_after_invalid_steps`` of them."""
-        from openrlhf_classmate.integration.experience_maker import AllScoresInvalidError
-        from openrlhf_classmate.integration.step_health import main_tally, require_judge
+        from openrlhf_classmate.integration.experience.experience_maker import AllScoresInvalidError
+        from openrlhf_classmate.integration.experience.step_health import main_tally, require_judge
 
         require_judge(rollout_samples, self.args, judge_config_from_args(self.args))
         main = main_tally(rollout_samples)  # also removes the per-sample judge numbers from the logged info
@@ -166,7 +170,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
                 reason_known=bool(first)))
 
     def _stop_on_nonfinite_skips(self, status: dict) -> None:
-        """The policy actors skip updates with non-finite values (``integration/nonfinite.py``) and report how many
+        """The policy actors skip updates with non-finite values (``integration/training/nonfinite.py``) and report how many
         in a row; too many in a row stop the run (``--classmate.stop_after_nonfinite_skips``)."""
         consecutive = int(status.pop("nonfinite_consecutive", 0))
         limit = self.args.classmate.stop_after_nonfinite_skips
@@ -198,7 +202,7 @@ class ClassmateControllerMixin(BasePPOTrainer):
 
     def _judge_health(self, main, step: int) -> dict[str, float]:
         """The step's judge metrics; one warning line when a judge request or a score failed (trained or skipped)."""
-        from openrlhf_classmate.integration.step_health import step_report
+        from openrlhf_classmate.integration.experience.step_health import step_report
 
         metrics, warning = step_report(main, self.classmate_stage, self.judge_client)
         if warning:
@@ -246,7 +250,7 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
         hooks = [h for h in self.experience_maker.reward_hooks if getattr(h, "scores_eval_samples", False)]
         if not hooks:
             return super().evaluate(global_step, **generate_kwargs)
-        from openrlhf_classmate.integration.eval_metrics import masked_eval_metrics
+        from openrlhf_classmate.integration.experience.eval_metrics import masked_eval_metrics
 
         start = time.time()
         samples = self.samples_generator.generate_eval_samples(**generate_kwargs)
@@ -254,7 +258,7 @@ class ClassmatePPOTrainer(ClassmateControllerMixin, PPOTrainer.__ray_actor_class
         if samples:
             for hook in hooks:
                 logs.update({f"eval_{k}": v for k, v in hook(self.experience_maker, samples).items()})
-        # a sample a hook could not score (main_valid 0) is left out of pass1 / pass@n (integration/eval_metrics.py)
+        # a sample a hook could not score (main_valid 0) is left out of pass1 / pass@n (integration/experience/eval_metrics.py)
         logs = {**masked_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"]),
                 **logs}
         if self.wandb_logger:
@@ -288,14 +292,14 @@ class ClassmateGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
     def __init__(self, pretrain, strategy, vllm_engines, *, classmate_engines=None, **kwargs):
         patches.install_samples_generator()  # before upstream's __init__ builds its SamplesGenerator
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
-        from openrlhf_classmate.integration.reward_methods import evaluate_with_validation_rewards
+        from openrlhf_classmate.integration.experience.reward_methods import evaluate_with_validation_rewards
 
         install_rollout_request(strategy.args)  # async: this actor generates the rollouts
 
         evaluate_with_validation_rewards(self.samples_generator)  # async evaluation runs here (TinyV: weight 1)
         self.classmate_stage = None
         if classmate_engines:
-            from openrlhf_classmate.integration.classmate_stage import ClassmateStage
+            from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateStage
 
             self.classmate_stage = ClassmateStage(strategy.args, self.samples_generator.tokenizer, classmate_engines,
                                                   classmate_tokenizers(strategy.args))

@@ -1,7 +1,7 @@
 """VR-CLI's completion-likelihood reward in the experience maker.
 
 The ``--vrcli.*`` flag group (:class:`VrcliConfig`; its launch checks are
-``integration.reward_methods.validate_vrcli_args``, before Ray) and the group-level reward hook
+``integration.experience.reward_methods.validate_vrcli_args``, before Ray) and the group-level reward hook
 (:class:`VrcliRewardHook`, built by the controller).
 
 Per rollout batch the hook

@@ -39,8 +39,8 @@ def make_engine(seed: int = 0, world_size: int = 1):
     install_cpu_runtime()
     import torch
 
-    from openrlhf_classmate.integration.args import parse_args
-    from openrlhf_classmate.integration.strategy import get_strategy
+    from openrlhf_classmate.integration.launch.args import parse_args
+    from openrlhf_classmate.integration.training.strategy import get_strategy
     from openrlhf_classmate.ports import free_port
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
@@ -126,7 +126,7 @@ def cmd_rotate(a) -> None:
 
 
 def cmd_resume(a) -> None:
-    from openrlhf_classmate.integration.checkpoints import CheckpointError
+    from openrlhf_classmate.integration.training.checkpoints import CheckpointError
 
     strategy, engine = make_engine(seed=1)  # other initial weights: the loaded ones must replace them
     try:

@@ -80,9 +80,9 @@ def policy_actor(model_dir: str, extra: list[str] | None = None):
     update per ``fit`` of four samples), bf16, ZeRO-2 unless ``extra`` says otherwise."""
     import os
 
-    from openrlhf_classmate.integration.actor import ClassmatePolicyModelActor
-    from openrlhf_classmate.integration.args import parse_args
-    from openrlhf_classmate.integration.strategy import get_strategy
+    from openrlhf_classmate.integration.launch.args import parse_args
+    from openrlhf_classmate.integration.training.actor import ClassmatePolicyModelActor
+    from openrlhf_classmate.integration.training.strategy import get_strategy
 
     args = parse_args([
         "--actor.model_name_or_path", model_dir, "--actor.num_gpus_per_node", "1",
@@ -101,7 +101,7 @@ def policy_actor(model_dir: str, extra: list[str] | None = None):
 def experience_batch(n: int = 4, vocab: tuple[int, int] = (7, 27), seed: int = 0):
     """``n`` samples of (prompt 4, response 6) random tokens as one right-padded micro-batch, rewards in
     ``info["reward"]``, one advantage per sequence on its action tokens, old log-probs near the model's."""
-    from openrlhf_classmate.integration.experience import ClassmateExperience
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
     gen = torch.Generator().manual_seed(seed)
     total, prompt = 10, 4

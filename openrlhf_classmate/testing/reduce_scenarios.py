@@ -18,7 +18,7 @@ def metric_dicts(rank: int, world_size: int, *, n: int = 60) -> dict:
     from openrlhf.utils.deepspeed import DeepspeedStrategy
 
     from openrlhf_classmate.integration.patches import install_cpu_runtime
-    from openrlhf_classmate.integration.strategy import ResilientDeepspeedStrategy
+    from openrlhf_classmate.integration.training.strategy import ResilientDeepspeedStrategy
 
     install_cpu_runtime()
     dist.init_process_group("gloo", rank=rank, world_size=world_size)

@@ -1,6 +1,6 @@
 """Multi-rank ZeRO-3 scenarios on DeepSpeed's CPU accelerator, run by :func:`gloo_ranks.run_ranks` (one process per
 rank): DeepSpeed's gather defect (uninitialised memory in gathered
-parameters: ``integration.strategy.safe_gathers``), and the reference actor's load with its weight check."""
+parameters: ``integration.training.strategy.safe_gathers``), and the reference actor's load with its weight check."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def gather_race(rank: int, world_size: int, *, rounds: int = 20) -> dict:
     import deepspeed
     import torch
 
-    from openrlhf_classmate.integration.strategy import safe_gathers
+    from openrlhf_classmate.integration.training.strategy import safe_gathers
 
     deepspeed.init_distributed(dist_backend="gloo")
 
@@ -57,10 +57,10 @@ def reference_load(rank: int, world_size: int, *, model_dir: str, loads: int = 1
     error of the corrupted check."""
     from openrlhf_classmate.errors import TrainingStopped
     from openrlhf_classmate.integration import patches
-    from openrlhf_classmate.integration.actor import ClassmateReferenceModelActor
-    from openrlhf_classmate.integration.args import parse_args
-    from openrlhf_classmate.integration.strategy import get_strategy
-    from openrlhf_classmate.integration.weight_check import verify_loaded_weights
+    from openrlhf_classmate.integration.launch.args import parse_args
+    from openrlhf_classmate.integration.training.actor import ClassmateReferenceModelActor
+    from openrlhf_classmate.integration.training.strategy import get_strategy
+    from openrlhf_classmate.integration.training.weight_check import verify_loaded_weights
 
     patches.install_cpu_runtime()
     args = parse_args([

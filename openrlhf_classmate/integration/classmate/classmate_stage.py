@@ -20,8 +20,8 @@ from openrlhf_classmate.algo.classmate_prompt import ClassmateInput, build_class
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
 from openrlhf_classmate.algo.response_split import at_char_boundaries, load_stop_token_ids
 from openrlhf_classmate.algo.spans import cot_mask, prompt_opens_think, think_token_ids, truncate_cot
+from openrlhf_classmate.integration.classmate.classmate_scoring import ClassmateAnswer, Scorer, registry_scorer
 from openrlhf_classmate.integration.classmate_config import warn
-from openrlhf_classmate.integration.classmate_scoring import ClassmateAnswer, Scorer, registry_scorer
 
 # Conditions that read the main score (classmate_reward.CONDITIONS).
 CONDITIONS_ON_MAIN = ("no_classmate_when_main_incorrect", "neg_classmate_when_main_incorrect")

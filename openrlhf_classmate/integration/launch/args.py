@@ -34,9 +34,9 @@ What runs when, in :func:`parse_args` (upstream = ``openrlhf/cli/train_ppo_ray.p
       except the final train(args)                        checks; an AssertionError becomes a ConfigError
     check_flag_groups                                  -> every number of our groups inside its field's range
     resolve_classmate_args -> validate_classmate_args  -> our derived values (logged; --classmate.placement auto
-                                                          against the GPUs: integration/layout.py), then our checks
+                                                          against the GPUs: integration/launch/layout.py), then our checks
     validate_model_options                             -> --ds.lora / ring_attn / tensor_parallel / liger: refused
-                                                          where they cannot work (integration/model_options.py)
+                                                          where they cannot work (integration/launch/model_options.py)
     validate_reward_method_args, validate_vrcli_args   -> --tinyv/--darling/--vrcli checks (VR-CLI also swaps the
                                                           engine reward for a pending one, logged)
     validate_logprobs_args                             -> --logprobs.* checks (the model's config: preflight)
@@ -59,21 +59,21 @@ from typing import Any
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
 from openrlhf_classmate.config_fields import field_problem, refuse_non_finite
-from openrlhf_classmate.integration.chunked_actor import add_logprobs_arguments, validate_logprobs_args
-from openrlhf_classmate.integration.classmate_args import resolve_classmate_args, validate_classmate_args
 from openrlhf_classmate.integration.classmate_config import (
     REWARD_FUNC_PATH,
     add_classmate_arguments,
     is_registry_reward_func,
     log_resolved,
 )
-from openrlhf_classmate.integration.model_options import validate_model_options
-from openrlhf_classmate.integration.reward_methods import (
+from openrlhf_classmate.integration.experience.reward_methods import (
     add_reward_method_arguments,
     validate_reward_method_args,
     validate_vrcli_args,
 )
-from openrlhf_classmate.integration.sampling_checks import check_sampling_args
+from openrlhf_classmate.integration.launch.classmate_args import resolve_classmate_args, validate_classmate_args
+from openrlhf_classmate.integration.launch.model_options import validate_model_options
+from openrlhf_classmate.integration.launch.sampling_checks import check_sampling_args
+from openrlhf_classmate.integration.training.chunked_actor import add_logprobs_arguments, validate_logprobs_args
 from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments
 
 
@@ -88,8 +88,8 @@ range of -inf inf clips nothing); NaN is refused there too."""
 
 def flag_groups() -> tuple[tuple[str, type], ...]:
     """Our flag groups: (prefix, config dataclass)."""
-    from openrlhf_classmate.integration.chunked_actor import LogprobsConfig
     from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
+    from openrlhf_classmate.integration.training.chunked_actor import LogprobsConfig
     from openrlhf_classmate.rewards.darling import DarlingConfig
     from openrlhf_classmate.rewards.vrcli import VrcliConfig
     from openrlhf_classmate.scoring.tinyv import TinyVConfig

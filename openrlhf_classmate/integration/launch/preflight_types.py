@@ -1,6 +1,6 @@
-"""What the preflight's checks share (:mod:`~openrlhf_classmate.integration.preflight`, its dataset half
-:mod:`~openrlhf_classmate.integration.preflight_data` and the layout checks of
-:mod:`~openrlhf_classmate.integration.layout`): the one-line error, the report of what was checked, the tokenizers
+"""What the preflight's checks share (:mod:`~openrlhf_classmate.integration.launch.preflight`, its dataset half
+:mod:`~openrlhf_classmate.integration.launch.preflight_data` and the layout checks of
+:mod:`~openrlhf_classmate.integration.launch.layout`): the one-line error, the report of what was checked, the tokenizers
 loaded once per preflight, and the test that tells a local path from a hub id."""
 
 from __future__ import annotations

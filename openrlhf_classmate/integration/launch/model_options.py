@@ -4,7 +4,7 @@ Ray starts with one ``error:`` line (:func:`validate_model_options`, after the c
 
 * ``--ds.lora.rank`` > 0: upstream's ``Actor`` wraps the policy in a peft LoRA model; the reference (and a classmate,
   even one that is the initial policy) is built from the checkpoint on disk, so it stays the base model. The HF
-  engines get the merged weights (``integration.actor.engine_state_dict``; ``tests/test_lora.py``). With vLLM
+  engines get the merged weights (``integration.training.actor.engine_state_dict``; ``tests/test_lora.py``). With vLLM
   engines upstream 0.11.2's ``broadcast_to_vllm`` sends the adapter's own parameter names (``base_model.model.*``,
   ``lora_A`` / ``lora_B``), which vLLM's ``load_weights`` cannot place (OpenRLHF issues #991, #1081, #1349): refused.
 * ``--ds.ring_attn_size`` > 1 splits each packed sequence across ranks; it needs flash-attn's varlen kernels and the

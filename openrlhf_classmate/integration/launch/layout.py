@@ -52,7 +52,7 @@ UPSTREAM_DEFAULTS = {"rollout_batch": 1024, "samples": 1, "rollout_micro": 1, "t
 
 
 def _fail(message: str) -> None:
-    from openrlhf_classmate.integration.preflight_types import PreflightError
+    from openrlhf_classmate.integration.launch.preflight_types import PreflightError
 
     raise PreflightError(message)
 
@@ -532,7 +532,7 @@ def resolve_placement(args: SimpleNamespace) -> None:
 
     if args.classmate.placement != "auto" or not classmate_enabled(args):
         return
-    from openrlhf_classmate.integration.preflight_types import PreflightError
+    from openrlhf_classmate.integration.launch.preflight_types import PreflightError
 
     try:
         placement, why = choose_placement(args)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from openrlhf.trainer import ppo_trainer
 
-from openrlhf_classmate.integration.main_scores import main_validity
+from openrlhf_classmate.integration.rollout.main_scores import main_validity
 
 upstream_eval_metrics = ppo_trainer.compute_eval_metrics  # captured before the rebinding
 

@@ -11,14 +11,14 @@
   marker (``checkpoint_complete.json``: the data-parallel world size and every file's size), having recorded before
   the save that tags from this step on carry one (``<save_dir>/checkpoint_markers.json``). Without it a tag missing
   its highest rank's files looked complete (no gap below the highest rank seen): the resume took it and that rank
-  died in ``torch.load``, and the rotation kept it. The details: :mod:`openrlhf_classmate.integration.checkpoints`.
+  died in ``torch.load``, and the rotation kept it. The details: :mod:`openrlhf_classmate.integration.training.checkpoints`.
   A decoupled (asynchronous) DeepSpeed checkpoint engine is still writing when the save returns, so its tags get no
   marker: they are checked by their files and, as before, count as not complete yet at the save (older checkpoints
   are kept).
 * ``save_model`` into ``<ckpt.path>/<tag>_hf`` (``--ckpt.save_hf``) rotates those folders with ``--ckpt.max_num``,
   as upstream rotates the DeepSpeed tags (the ``_hf`` folders used to pile up forever).
 * ``backward`` / ``optimizer_step`` of a model carrying a ``nonfinite_guard`` (the policy:
-  :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard`) check the loss, and skip an update whose
+  :class:`~openrlhf_classmate.integration.training.nonfinite.NonfiniteGuard`) check the loss, and skip an update whose
   inputs, loss or gradient norm are not finite.
 * ``all_reduce`` of a flat dict of numbers (``ppo_train`` reduces one per micro-batch: about 60 keys for GDPO) or of
   one-element float32 tensors packs it into one float32 tensor and makes one collective, where upstream makes one per
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
-from openrlhf_classmate.integration.checkpoints import (
+from openrlhf_classmate.integration.training.checkpoints import (
     begin_marked_save,
     choose_resume_tag,
     inspect_tag,

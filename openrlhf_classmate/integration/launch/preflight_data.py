@@ -35,7 +35,12 @@ from openrlhf_classmate.integration.classmate_config import (
     judge_config_from_args,
     registry_reward_in_use,
 )
-from openrlhf_classmate.integration.preflight_types import PreflightError, PreflightReport, TokenizerCache, looks_local
+from openrlhf_classmate.integration.launch.preflight_types import (
+    PreflightError,
+    PreflightReport,
+    TokenizerCache,
+    looks_local,
+)
 
 SCANNED_SUFFIXES = (".jsonl", ".json", ".parquet")
 UNSCANNED_SUFFIXES = (".csv", ".arrow")  # upstream reads them; we do not check their rows
@@ -471,7 +476,7 @@ def _check_code_time_limits(found: _Lengths, report: PreflightReport) -> None:
 
 
 def check_datasets(args: SimpleNamespace, report: PreflightReport, tokenizers: TokenizerCache) -> None:
-    from openrlhf_classmate.integration.reward_methods import tinyv_config_from_args
+    from openrlhf_classmate.integration.experience.reward_methods import tinyv_config_from_args
     from openrlhf_classmate.scoring.tinyv import configure_tinyv
 
     enabled = classmate_enabled(args)

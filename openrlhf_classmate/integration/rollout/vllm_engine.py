@@ -18,7 +18,7 @@ import os
 
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
-from openrlhf_classmate.integration.weight_sync import WORKER_EXTENSION
+from openrlhf_classmate.integration.training.weight_sync import WORKER_EXTENSION
 
 # the worker extension upstream's create_vllm_engines names (checked by tests/test_weight_sync.py against its source)
 UPSTREAM_WORKER_EXTENSION = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"

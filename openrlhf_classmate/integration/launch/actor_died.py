@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from openrlhf_classmate.errors import exception_chain
-from openrlhf_classmate.integration.checkpoints import CheckpointError, resume_choice
+from openrlhf_classmate.integration.training.checkpoints import CheckpointError, resume_choice
 
 _FIELD_RE = r"^\s*{}:\s*(\S+)\s*$"
 _EXIT_RE = re.compile(r"Worker exit type: (\w+)")

@@ -9,7 +9,7 @@ and exits 1 at once: an interpreter exit would then spend seconds in Ray's shutd
 (10 s against 0.9 s measured on 2 loaded cores), a share of a scheduler's grace period before its ``SIGKILL``; the
 ``atexit`` hooks it skips hold nothing of the run (the controller and its loggers are Ray actors, stopped already).
 Where the signal lands inside a save, the tag being written has no marker and ``latest`` still names the previous one
-(``integration/checkpoints.py``): the line names that one.
+(``integration/training/checkpoints.py``): the line names that one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 
 
 def sigterm_message(ckpt_path: str | None) -> str:
-    from openrlhf_classmate.integration.actor_died import resume_hint
+    from openrlhf_classmate.integration.launch.actor_died import resume_hint
 
     return (f"error: the run received SIGTERM (a scheduler's preemption, kill or timeout) and stopped. "
             f"{resume_hint(ckpt_path)}")

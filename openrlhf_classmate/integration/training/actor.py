@@ -1,20 +1,20 @@
 """Policy actor side: ``ClassmatePolicyModelActor`` and its trainer ``ClassmateActorPPOTrainer``; the reference
 worker ``ClassmateReferenceModelActor``. Both workers build an ``Actor`` that compares its loaded weights with the
-checkpoint (``integration/weight_check.py``), chunked-log-prob with ``--logprobs.chunked``
-(``integration/chunked_actor.py``).
+checkpoint (``integration/training/weight_check.py``), chunked-log-prob with ``--logprobs.chunked``
+(``integration/training/chunked_actor.py``).
 
 Upstream's ``training_step`` calls ``self.actor_loss_fn(log_probs, old_log_probs, advantages, action_mask=...,
 rollout_log_probs=..., **loss_batch_info)`` and never passes the rest of the micro-batch. ``ClassmateActorPPOTrainer``
 keeps the current micro-batch on ``self`` for the duration of ``training_step`` and installs a loss adapter that
 hands the classmate tensors (``classmate_advantages``, ``cot_mask``, ``classmate_log_probs``) to our losses as
 keyword arguments, so ``training_step`` itself is not copied. Anything the loss reports goes into
-``experience.info``, which upstream logs. Its :class:`~openrlhf_classmate.integration.nonfinite.NonfiniteGuard` keeps
+``experience.info``, which upstream logs. Its :class:`~openrlhf_classmate.integration.training.nonfinite.NonfiniteGuard` keeps
 non-finite rewards, advantages, losses and gradients away from the optimizer.
 
 Upstream's ``ppo_train`` reads each tensor metric of a micro-batch back with ``value.float().mean().item()``, one
 host sync per metric (~60 for GDPO). ``training_step`` hands it those means as python floats read in one transfer
 (:func:`metrics_to_host`), so upstream takes its ``value * scale`` branch with the same numbers; our strategy then
-reduces the dict in one collective (``integration/strategy.py``). Upstream's collate also leaves each per-sample
+reduces the dict in one collective (``integration/training/strategy.py``). Upstream's collate also leaves each per-sample
 ``info`` metric as a list of 0-dim tensors, which ``to_device`` copies to the device one sample at a time and
 ``training_step`` reads back one element at a time; ours stacks each into one tensor first (:func:`stack_info`).
 Upstream's per-metric path against this one is the before/after pair ``syncs`` of ``bench/GPU_RESULTS.md``.
@@ -31,17 +31,18 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate import ports
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-from openrlhf_classmate.integration import bench_switches, weight_sync
-from openrlhf_classmate.integration.chunked_actor import (
+from openrlhf_classmate.integration import bench_switches
+from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
+from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
+from openrlhf_classmate.integration.training import weight_sync
+from openrlhf_classmate.integration.training.chunked_actor import (
     ChunkedLogprobActor,
     check_model_config,
     chunk_size_from_args,
     chunked_actor_class,
 )
-from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
-from openrlhf_classmate.integration.nonfinite import NonfiniteGuard
-from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
-from openrlhf_classmate.integration.weight_check import LoadCheckedActor, load_checked_class
+from openrlhf_classmate.integration.training.nonfinite import NonfiniteGuard
+from openrlhf_classmate.integration.training.weight_check import LoadCheckedActor, load_checked_class
 
 
 class ClassmateLossAdapter(torch.nn.Module):
@@ -184,7 +185,7 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
     weight_syncs = 0  # this rank's weight syncs so far (the benchmark's "weightsync" pair counts its steps by them)
 
     def broadcast_to_vllm(self):
-        """The CUDA-IPC sync in buckets (``integration/weight_sync.py``) where upstream would send one parameter at a
+        """The CUDA-IPC sync in buckets (``integration/training/weight_sync.py``) where upstream would send one parameter at a
         time over CUDA IPC; upstream's own sync otherwise (NCCL / gloo broadcast, DeepSpeed tensor parallelism, VLM
         models, ``--engine.weight_sync_bucket_mb 0``)."""
         self.weight_syncs += 1
@@ -299,7 +300,7 @@ class ClassmateReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
 def install_worker_actor(args) -> bool:
     """In a policy or reference worker, before upstream's ``init_model_from_pretrained``: make it build our ``Actor``:
     upstream's, or the chunked one unless ``--logprobs.chunked`` is off (returns whether), whose weights are compared
-    with the checkpoint as soon as they are loaded (``integration/weight_check.py``; the policy's EMA copy too). An
+    with the checkpoint as soon as they are loaded (``integration/training/weight_check.py``; the policy's EMA copy too). An
     ``auto`` the launch left open (a hub id: the preflight reads local folders only) is decided here from the
     model's config (:func:`check_model_config`)."""
     if getattr(args, "logprobs", None) is not None and args.logprobs.chunked == "auto":

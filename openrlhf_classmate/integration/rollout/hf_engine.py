@@ -10,7 +10,7 @@ Concurrent requests are collected and generated in batches (left padding) to kee
 
 Log-probs (``SamplingParams.logprobs``): those of the distribution the token was sampled from, after temperature and
 the other logits processors, as vLLM's ``logprobs_mode="processed_logprobs"`` (what the launcher asks vLLM for:
-``integration/mismatch.py``) and as the actor computes them (``log_softmax(logits / temperature)``; the two agree
+``integration/rollout/mismatch.py``) and as the actor computes them (``log_softmax(logits / temperature)``; the two agree
 while top-k / top-p / min-p / min_tokens leave the distribution whole). Only that mode exists here.
 
 Fault injection (tests): ``OPENRLHF_CLASSMATE_FAULT_DROP_WEIGHT_SYNCS`` = comma-separated 1-based numbers of the

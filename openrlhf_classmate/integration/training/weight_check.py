@@ -1,7 +1,7 @@
 """Check, once per model load, that the weights in memory are the checkpoint's.
 
 A ZeRO-3 load on DeepSpeed's CPU accelerator left uninitialised memory in parameters (a DeepSpeed gather defect:
-:func:`openrlhf_classmate.integration.strategy.safe_gathers` has the cause and the workaround): nothing failed, the reference model simply computed NaN or silently wrong log-probs. Since a loader defect of
+:func:`openrlhf_classmate.integration.training.strategy.safe_gathers` has the cause and the workaround): nothing failed, the reference model simply computed NaN or silently wrong log-probs. Since a loader defect of
 this kind can only be seen by comparing, every policy and reference model is compared with its safetensors files
 right after ``from_pretrained``, before DeepSpeed wraps it:
 
@@ -13,7 +13,7 @@ right after ``from_pretrained``, before DeepSpeed wraps it:
   parameter (the volume of one ZeRO-3 forward): for Qwen2.5-0.5B's shape (290 tensors, 942 MiB bf16) 0.5-0.7 s
   measured in one process on this project's 2-core CPU machine, plus the gathers under ZeRO-3.
 
-:class:`LoadCheckedActor` is upstream's ``Actor`` plus this check; ``integration.actor.install_worker_actor`` makes
+:class:`LoadCheckedActor` is upstream's ``Actor`` plus this check; ``integration.training.actor.install_worker_actor`` makes
 the policy and reference workers build it (combined with the chunked-log-prob ``Actor`` of ``--logprobs.chunked``).
 """
 

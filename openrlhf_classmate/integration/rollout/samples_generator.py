@@ -3,7 +3,7 @@
 Upstream's filter (``--algo.dynamic_filtering_enable``, ``samples_generator.py`` ``_generate_vllm``) averages the
 ``scores`` of a prompt group's samples, drops the group when the mean is outside ``--algo.dynamic_filtering_range``
 (open interval) and draws a replacement prompt. A failed score is reported as ``scores = 0`` with
-``extra_logs["main_valid"] = 0`` (``reward_func.py``, ``integration/policy_executor.py``), so upstream averages the
+``extra_logs["main_valid"] = 0`` (``reward_func.py``, ``integration/rollout/policy_executor.py``), so upstream averages the
 placeholder: with the judge down every group averages 0, is dropped and replaced until the epoch is used up, and no
 batch ever reaches the trainer's all-invalid stop.
 
@@ -14,7 +14,7 @@ Without dynamic filtering (and for evaluation) upstream's ``_generate_vllm`` run
 requests go out per prompt group (``--classmate.dispatch``, :func:`classmate_config.dispatch_per_group`): then the
 same loop sends each kept group's classmate requests as soon as the group is generated (``classmate_dispatch``),
 so the classmate engines generate while the policy engines finish the other groups, and ``generate_samples``
-returns the batch as a :class:`~openrlhf_classmate.integration.classmate_stage.ClassmateRollout` carrying them.
+returns the batch as a :class:`~openrlhf_classmate.integration.classmate.classmate_stage.ClassmateRollout` carrying them.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _coll
 from openrlhf.utils.logging_utils import init_logger
 from tqdm import tqdm
 
-from openrlhf_classmate.integration import bench_switches, mismatch
-from openrlhf_classmate.integration.classmate_stage import ClassmateRollout, merge_pending
-from openrlhf_classmate.integration.main_scores import (
+from openrlhf_classmate.integration import bench_switches
+from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateRollout, merge_pending
+from openrlhf_classmate.integration.rollout import mismatch
+from openrlhf_classmate.integration.rollout.main_scores import (
     invalidate_nonfinite_main,
     main_validity,
     no_valid_score_yet,

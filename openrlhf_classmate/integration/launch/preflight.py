@@ -6,14 +6,14 @@ is one :class:`PreflightError` line naming the flag, the file (and line) or the 
 
 * every number of our flag groups finite and in its field's range (``config_fields.field_problem``), the scorer
   and judge flags, and the upstream counts and step intervals that would only fail (or hang) later;
-* the layout and the batch arithmetic (:mod:`openrlhf_classmate.integration.layout`): the GPUs the groups ask Ray
+* the layout and the batch arithmetic (:mod:`openrlhf_classmate.integration.launch.layout`): the GPUs the groups ask Ray
   for against the GPUs available, and the batch sizes against the micro-batches and the actor GPUs;
 * no classmate-only option without a classmate (it would be ignored), and the two engine groups' memory fractions
   summing below 1 where they share GPUs;
 * model and classmate paths: a local model folder with ``config.json``, or something that looks like a hub id; no
   tokenizer larger than its model's embedding;
 * checkpoint, output and log directories: writable, or creatable;
-* the prompt and eval datasets: :mod:`openrlhf_classmate.integration.preflight_data`;
+* the prompt and eval datasets: :mod:`openrlhf_classmate.integration.launch.preflight_data`;
 * the think tags in the tokenizers (the policy's when a classmate or the ``after_think`` reward splits on them);
 * with ``--ckpt.load_enable``: the checkpoint a resume would load (a torn ``latest`` tag falls back, with a warning;
   nothing saved yet: a warning that the run starts from step 0; a checkpoint folder without a usable tag: an error).
@@ -37,7 +37,7 @@ from openrlhf_classmate.integration.classmate_config import (
     classmate_enabled,
     registry_reward_in_use,
 )
-from openrlhf_classmate.integration.preflight_types import (  # noqa: F401  (re-exported: the preflight's surface)
+from openrlhf_classmate.integration.launch.preflight_types import (  # noqa: F401  (re-exported: the preflight's surface)
     PreflightError,
     PreflightReport,
     TokenizerCache,
@@ -61,7 +61,7 @@ def _get(args: SimpleNamespace, dotted: str) -> Any:
 
 
 def check_ranges(args: SimpleNamespace) -> None:
-    from openrlhf_classmate.integration.args import flag_groups
+    from openrlhf_classmate.integration.launch.args import flag_groups
 
     for prefix, cls in flag_groups():  # parse_args checked them; args built in code are checked here
         problem = field_problem(prefix, cls, getattr(args, prefix))
@@ -340,7 +340,7 @@ def check_vocab_sizes(args: SimpleNamespace, tokenizers: TokenizerCache) -> None
 
 
 def check_resume(args: SimpleNamespace, report: PreflightReport) -> None:
-    from openrlhf_classmate.integration.checkpoints import CheckpointError, resume_choice
+    from openrlhf_classmate.integration.training.checkpoints import CheckpointError, resume_choice
 
     if not args.ckpt.load_enable:
         check_fresh_ckpt_path(args)
@@ -364,7 +364,7 @@ def check_fresh_ckpt_path(args: SimpleNamespace) -> None:
     save_steps = args.ckpt.save_steps
     if not (isinstance(save_steps, int | float) and 0 < save_steps < float("inf")):
         return
-    from openrlhf_classmate.integration.checkpoints import saved_checkpoints
+    from openrlhf_classmate.integration.training.checkpoints import saved_checkpoints
 
     path = args.ckpt.path
     found = saved_checkpoints(path)
@@ -379,7 +379,7 @@ def check_fresh_ckpt_path(args: SimpleNamespace) -> None:
 def check_chunked_logprobs_model(args: SimpleNamespace, report: PreflightReport) -> None:
     """``--logprobs.chunked`` auto or on: the policy's config has a plain LM head (local folders; a hub id is checked
     when the workers load it). auto becomes on, or off with one note (:func:`chunked_actor.check_model_config`)."""
-    from openrlhf_classmate.integration.chunked_actor import check_model_config
+    from openrlhf_classmate.integration.training.chunked_actor import check_model_config
 
     path = args.actor.model_name_or_path
     if getattr(args, "logprobs", None) is None or args.logprobs.chunked == "off":
@@ -403,7 +403,7 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     check_ranges(args)
     check_classmate_only_flags(args)
     check_engine_memory(args)
-    from openrlhf_classmate.integration.layout import check_launch
+    from openrlhf_classmate.integration.launch.layout import check_launch
 
     check_launch(args, report)  # the GPUs the layout asks for, the batch arithmetic on the actor GPUs
     check_scorer_flags(args)
@@ -422,7 +422,7 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     check_writable_dir("--ckpt.output_dir", args.ckpt.output_dir)
     check_writable_dir("--logger.tensorboard_dir", args.logger.tensorboard_dir)
     check_resume(args, report)
-    from openrlhf_classmate.integration.preflight_data import check_datasets
+    from openrlhf_classmate.integration.launch.preflight_data import check_datasets
 
     tokenizers = TokenizerCache()
     check_vocab_sizes(args, tokenizers)

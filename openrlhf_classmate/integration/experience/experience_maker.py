@@ -46,10 +46,15 @@ from openrlhf_classmate.algo.advantages import (
     group_std,
     main_advantages_over_valid,
 )
-from openrlhf_classmate.integration import bench_switches, mismatch
+from openrlhf_classmate.integration import bench_switches
+from openrlhf_classmate.integration.classmate.classmate_stage import prompt_ids_of
 from openrlhf_classmate.integration.classmate_config import uses_separated_loss, warn
-from openrlhf_classmate.integration.classmate_stage import prompt_ids_of
-from openrlhf_classmate.integration.main_scores import invalidate_nonfinite_main, main_validity, warn_nonfinite_main
+from openrlhf_classmate.integration.rollout import mismatch
+from openrlhf_classmate.integration.rollout.main_scores import (
+    invalidate_nonfinite_main,
+    main_validity,
+    warn_nonfinite_main,
+)
 
 
 class AllScoresInvalidError(RuntimeError):
@@ -147,7 +152,7 @@ class ClassmateExperienceMaker(RemoteExperienceMaker):
         # change's before path (bench_switches; none has one today), a benchmark control never set in a training run
         self.bench_before = bench_switches.before_changes()
         self._batches_made = 0
-        self.last_mismatch = None  # the last batch's train-inference mismatch (integration.mismatch), read once
+        self.last_mismatch = None  # the last batch's train-inference mismatch (integration.rollout.mismatch), read once
 
     def classmate_step(self, batch: int) -> bool:
         """Whether rollout batch number ``batch`` (1-based) is a classmate step: every batch, but under the step-time

@@ -17,7 +17,7 @@ from openrlhf_classmate.integration.classmate_config import (
     real_package,
     registry_reward_in_use,
 )
-from openrlhf_classmate.integration.layout import resolve_placement
+from openrlhf_classmate.integration.launch.layout import resolve_placement
 
 
 def resolve_classmate_args(args: SimpleNamespace) -> None:
