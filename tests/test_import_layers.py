@@ -96,6 +96,29 @@ def test_no_import_circle_in_the_package():
     assert not found, "modules that import one another in a circle:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+STAGES = ("launch", "experience", "rollout", "classmate", "training")
+"""``integration``'s packages, each importing only those after it (``integration/__init__.py`` says why this order)."""
+INTEGRATION = f"{PACKAGE}.integration"
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == INTEGRATION.split(".") and parts[2] in STAGES else None
+
+
+def test_the_stage_packages_import_downwards_and_never_the_controller():
+    wrong = []
+    for module, targets in import_graph().items():
+        source = _stage(module)
+        if source is None:
+            continue
+        for target in targets:
+            stage = _stage(target)
+            if target == f"{INTEGRATION}.trainer" or (stage and STAGES.index(stage) < STAGES.index(source)):
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, f"imports against the order {' > '.join(STAGES)} (or into trainer.py):\n" + "\n".join(wrong)
+
+
 def test_the_check_finds_a_circle_and_spares_a_chain():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
