@@ -21,7 +21,7 @@ import time
 
 import aiohttp
 
-from openrlhf_classmate.sandbox.testing import running_service
+from openrlhf_classmate.testing.sandbox_service import running_service
 
 PROGRAM = "def solve(n):\n    return n * (n + 1) // 2\n"
 TEST = "assert solve(10) == 55"

@@ -75,7 +75,7 @@ def bench_math(n_items: int, workers: int) -> None:
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "openrlhf_classmate.scoring.testing_server", "--port", "0", "--latency", str(latency)],
+        [sys.executable, "-m", "openrlhf_classmate.testing.judge_server", "--port", "0", "--latency", str(latency)],
         stdout=subprocess.PIPE,
         text=True,
     )

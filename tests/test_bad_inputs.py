@@ -677,7 +677,7 @@ def _nested_frac(depth: int) -> str:
 
 def _judged(directive: str, timeout_s: float = 5.0, retries: int = 1) -> tuple[int, str]:
     from openrlhf_classmate.scoring import JudgeConfig
-    from openrlhf_classmate.scoring.testing_server import serve_in_thread
+    from openrlhf_classmate.testing.judge_server import serve_in_thread
 
     label = {"data_source": "helpful_instructions", "raw_question_for_monitor": "q"}
     with serve_in_thread() as server:
@@ -697,7 +697,7 @@ def _refused_port() -> str:
 
 def _reward_func_with_judge(directive: str) -> tuple[int, str]:
     from openrlhf_classmate.reward_func import reward_func
-    from openrlhf_classmate.scoring.testing_server import serve_in_thread
+    from openrlhf_classmate.testing.judge_server import serve_in_thread
 
     label = json.dumps({"data_source": "helpful_instructions", "raw_question_for_monitor": "q"})
     with serve_in_thread() as server, _env(OPENRLHF_CLASSMATE_JUDGE=json.dumps(

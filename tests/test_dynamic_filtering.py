@@ -23,7 +23,7 @@ from openrlhf_classmate.integration.rollout.samples_generator import (
     filter_decision,
 )
 from openrlhf_classmate.scoring import JudgeConfig
-from openrlhf_classmate.scoring.testing_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_in_thread
 
 DOWN = "[[fake:status=503]]"  # the judge answers HTTP 503 to this sample's request: an invalid score
 

@@ -14,8 +14,8 @@ from openrlhf_classmate.cli import evaluate as ev
 from openrlhf_classmate.eval import generation
 from openrlhf_classmate.eval.generation import GenParams, VLLMGenerator
 from openrlhf_classmate.scoring import score_responses
-from openrlhf_classmate.scoring.testing_server import serve_in_thread
 from openrlhf_classmate.testing.e2e import build_world
+from openrlhf_classmate.testing.judge_server import serve_in_thread
 
 
 @pytest.fixture(scope="module")

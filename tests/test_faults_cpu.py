@@ -1,5 +1,5 @@
 """Faults during real CPU runs of the launcher (Ray, DeepSpeed ZeRO-2, HF engines, tiny models), each a subprocess as a
-user would start it, against a real local judge server on 127.0.0.1 (``scoring.testing_server``):
+user would start it, against a real local judge server on 127.0.0.1 (``testing.judge_server``):
 
 * the judge is down (HTTP 503) for a whole step: those scores are invalid and masked, counted in the judge metrics,
   named in one warning line, and the run goes on and exits 0;
@@ -30,8 +30,8 @@ import time
 
 import pytest
 
-from openrlhf_classmate.scoring.testing_server import serve_in_thread
 from openrlhf_classmate.testing.e2e import QUIET, build_world, launcher_argv, run_launcher, tensorboard_scalars
+from openrlhf_classmate.testing.judge_server import serve_in_thread
 from openrlhf_classmate.testing.processes import descendants, kill_all, process_table, process_title
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from openrlhf_classmate.scoring.judge_health import (
     tally,
     tally_from_logs,
 )
-from openrlhf_classmate.scoring.testing_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_in_thread
 
 LABEL = {"data_source": "helpful_instructions", "raw_question_for_monitor": "Is my plan good?"}
 

@@ -27,7 +27,7 @@ from openrlhf_classmate.sandbox import service as service_mod
 from openrlhf_classmate.sandbox.config import SandboxConfig
 from openrlhf_classmate.sandbox.launch import RUNNER_PATH
 from openrlhf_classmate.sandbox.service import normalise_output
-from openrlhf_classmate.sandbox.testing import REPO_ROOT, running_service, start_service, stop_service
+from openrlhf_classmate.testing.sandbox_service import REPO_ROOT, running_service, start_service, stop_service
 
 IS_ROOT = os.geteuid() == 0
 SECRET = f"sandbox-secret-{uuid.uuid4().hex}"

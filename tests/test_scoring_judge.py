@@ -17,7 +17,7 @@ from openrlhf_classmate.scoring import (
     score_responses,
 )
 from openrlhf_classmate.scoring.judge_client import percentile
-from openrlhf_classmate.scoring.testing_server import FakeJudgeServer, default_rating, serve_in_thread
+from openrlhf_classmate.testing.judge_server import FakeJudgeServer, default_rating, serve_in_thread
 
 
 def _config(server, **overrides):

@@ -19,7 +19,7 @@ from openrlhf_classmate.scoring import (
     parse_binary_rating,
 )
 from openrlhf_classmate.scoring.prompts import MMLU_MONITOR_PROMPT, SYCOPHANCY_JUDGE_PROMPT, SYCOPHANCY_MONITOR_PROMPT
-from openrlhf_classmate.scoring.testing_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_in_thread
 
 SPEC = Path(__file__).resolve().parents[1].parent / "shared" / "docs" / "classmate_method.md"
 

@@ -33,7 +33,7 @@ def build_world(root: str, num_prompts: int = 16, seed: int = 0, policy_hidden: 
 
     ``judged``: the rows are rated by the LLM judge (data source ``helpful_instructions``) instead of the
     ``arithmetic`` scorer; each row's question carries ``[[fake:key=rowN]]`` for the fake judge server (see
-    :mod:`openrlhf_classmate.scoring.testing_server`), so a test can tell which rows a step scored;
+    :mod:`openrlhf_classmate.testing.judge_server`), so a test can tell which rows a step scored;
     ``judge_directives`` adds more to the questions of some rows (row index -> e.g. ``"[[fake:malformed]]"``)."""
     os.makedirs(root, exist_ok=True)
     policy = save_tiny_model(os.path.join(root, "policy"), WORDS, hidden_size=policy_hidden, num_heads=num_heads,

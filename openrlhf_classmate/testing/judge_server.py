@@ -25,7 +25,7 @@ The server records every request body and header set, and counts requests in fli
 can check what the client actually sent and how many requests it had open at once.
 
 Use it as ``async with FakeJudgeServer() as server:`` inside a running loop, ``with serve_in_thread() as server:``
-from synchronous code, or from a shell: ``python -m openrlhf_classmate.scoring.testing_server --port 8000``.
+from synchronous code, or from a shell: ``python -m openrlhf_classmate.testing.judge_server --port 8000``.
 """
 
 from __future__ import annotations
