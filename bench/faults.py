@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from openrlhf_classmate.testing.e2e import build_world, launcher_argv, run_launcher, tensorboard_scalars  # noqa: E402
-from openrlhf_classmate.testing.judge_server import serve_in_thread  # noqa: E402
+from openrlhf_classmate.testing.judge_server import serve_judge as serve_in_thread  # noqa: E402
 from openrlhf_classmate.testing.processes import descendants, kill_all, process_title  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

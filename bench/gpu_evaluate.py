@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.testing.e2e import TIMEOUT_EXIT, build_world, kill_session  # noqa: E402
-from openrlhf_classmate.testing.judge_server import serve_in_thread  # noqa: E402
+from openrlhf_classmate.testing.judge_server import serve_judge as serve_in_thread  # noqa: E402
 
 VLLM_FINISH_REASONS = {"stop", "length", "repetition", "abort", "error"}
 

@@ -677,10 +677,10 @@ def _nested_frac(depth: int) -> str:
 
 def _judged(directive: str, timeout_s: float = 5.0, retries: int = 1) -> tuple[int, str]:
     from openrlhf_classmate.scoring import JudgeConfig
-    from openrlhf_classmate.testing.judge_server import serve_in_thread
+    from openrlhf_classmate.testing.judge_server import serve_judge
 
     label = {"data_source": "helpful_instructions", "raw_question_for_monitor": "q"}
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         cfg = JudgeConfig(base_url=server.base_url, model="fake-judge", timeout_s=timeout_s, max_retries=retries,
                           backoff_s=0.01)
         return _results(_score([label], [f"an answer {directive}"], judge=cfg))
@@ -697,10 +697,10 @@ def _refused_port() -> str:
 
 def _reward_func_with_judge(directive: str) -> tuple[int, str]:
     from openrlhf_classmate.reward_func import reward_func
-    from openrlhf_classmate.testing.judge_server import serve_in_thread
+    from openrlhf_classmate.testing.judge_server import serve_judge
 
     label = json.dumps({"data_source": "helpful_instructions", "raw_question_for_monitor": "q"})
-    with serve_in_thread() as server, _env(OPENRLHF_CLASSMATE_JUDGE=json.dumps(
+    with serve_judge() as server, _env(OPENRLHF_CLASSMATE_JUDGE=json.dumps(
             {"base_url": server.base_url, "model": "fake-judge", "max_retries": 1, "backoff_s": 0.01})):
         out = reward_func([f"P:<think> x </think> answer {directive}"], ["P:"], [label], answers=[f"answer {directive}"])
     return 0, json.dumps(out, sort_keys=True)

@@ -25,7 +25,8 @@ from openrlhf_classmate.integration.experience.reward_methods import build_rewar
 from openrlhf_classmate.integration.launch.args import parse_args
 from openrlhf_classmate.rewards.darling import DarlingConfig, DarlingRewardHook
 from openrlhf_classmate.rewards.pair_classifier import ClassifierSettings, PairClassifier
-from openrlhf_classmate.testing.fake_servers import FakeClassifierServer, serve_in_thread
+from openrlhf_classmate.testing.fake_servers import FakeClassifierServer
+from openrlhf_classmate.testing.servers import serve_in_thread
 
 
 def _load_maker_helpers():

@@ -23,7 +23,7 @@ from openrlhf_classmate.integration.rollout.samples_generator import (
     filter_decision,
 )
 from openrlhf_classmate.scoring import JudgeConfig
-from openrlhf_classmate.testing.judge_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_judge
 
 DOWN = "[[fake:status=503]]"  # the judge answers HTTP 503 to this sample's request: an invalid score
 
@@ -58,7 +58,7 @@ class Engine:
 def judge(monkeypatch):
     monkeypatch.setattr(ray, "get", lambda x: x)
     monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (refs[:num_returns], refs[num_returns:]))
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         config = JudgeConfig(base_url=server.base_url, model="fake-judge", max_retries=0, timeout_s=10)
         monkeypatch.setenv("OPENRLHF_CLASSMATE_JUDGE", json.dumps(dataclasses.asdict(config)))
         yield server

@@ -15,7 +15,7 @@ from openrlhf_classmate.eval import generation
 from openrlhf_classmate.eval.generation import GenParams, VLLMGenerator
 from openrlhf_classmate.scoring import score_responses
 from openrlhf_classmate.testing.e2e import build_world
-from openrlhf_classmate.testing.judge_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_judge
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +289,7 @@ def _judge_data(tmp_path, n=6):
 
 def test_monitor_and_judge_scoring_against_the_fake_judge(world, tmp_path, fake_vllm):
     data = _judge_data(tmp_path)
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         args = ev.build_parser().parse_args([
             "--model", world["policy"], "--data", data, "--output-dir", str(tmp_path / "eval"), "--quiet",
             "--monitor", "--judge-base-url", server.base_url, "--classmate", world["classmate"],

@@ -31,7 +31,7 @@ import time
 import pytest
 
 from openrlhf_classmate.testing.e2e import QUIET, build_world, launcher_argv, run_launcher, tensorboard_scalars
-from openrlhf_classmate.testing.judge_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_judge
 from openrlhf_classmate.testing.processes import descendants, kill_all, process_table, process_title
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,7 @@ def test_judge_down_with_dynamic_filtering_stops_with_the_all_invalid_message(tm
     # epoch ran out, and the run exited 0 having trained nothing; now the dropped groups count as all-invalid steps
     world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
     log_path = str(tmp_path / "run.log")
-    with serve_in_thread(down_keys=8) as server:  # 503 to every request: the judge is down for the whole run
+    with serve_judge(down_keys=8) as server:  # 503 to every request: the judge is down for the whole run
         argv = launcher_argv(world, classmate=False, extra=_judge_flags(server) + [
             "--algo.dynamic_filtering_enable", "--classmate.stop_after_invalid_steps", "1"])
         code = run_launcher(argv, log_path, cwd=REPO)
@@ -116,7 +116,7 @@ def test_a_judge_answering_200_without_json_and_one_slower_than_its_timeout_are_
                         judge_directives={0: "[[fake:malformed]]", 1: "[[fake:sleep=4]]", 2: "[[fake:rating=7]]",
                                           3: "[[fake:rating=7]]"})
     log_path = str(tmp_path / "run.log")
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         argv = launcher_argv(world, classmate=False, max_samples=4, extra=_judge_flags(server) + [
             "--classmate.judge_timeout_s", "1"])
         log = _launch(argv, log_path)
@@ -193,7 +193,7 @@ def test_an_engine_killed_mid_rollout_then_a_rank_killed_mid_step_each_stop_the_
     tracebacks), and ``latest`` names that checkpoint."""
     world = build_world(str(tmp_path / "world"), num_prompts=12, judged=True)
     root = world["root"]
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         argv = _two_ranks_without_a_reference(
             launcher_argv(world, classmate=False, max_samples=12, extra=_judge_flags(server)))
         # step 2's rollout has begun once the judge sees a fifth prompt
@@ -224,7 +224,7 @@ def _kill_run(proc: subprocess.Popen) -> int:
 def test_kill_9_during_a_step_then_resume_continues_at_the_same_step_and_data_position(tmp_path):
     world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
     root = world["root"]
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         argv = launcher_argv(world, classmate=False, extra=_judge_flags(server))
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
         with open(tmp_path / "killed.log", "w") as log:
@@ -268,7 +268,7 @@ def test_judge_down_for_a_step_then_resume_over_a_torn_checkpoint(tmp_path):
     world = build_world(str(tmp_path / "world"), num_prompts=8, judged=True)
     root = world["root"]
     actor = os.path.join(root, "ckpt", "_actor")
-    with serve_in_thread(down_keys=4) as server:  # 503 for every request about the first 4 prompts = step 1
+    with serve_judge(down_keys=4) as server:  # 503 for every request about the first 4 prompts = step 1
         argv = launcher_argv(world, classmate=False, extra=_judge_flags(server) + ["--ckpt.max_num", "2"])
         run1 = _launch(argv, str(tmp_path / "run1.log"))
         first, statuses, keys = _keys(list(server.requests)), list(server.statuses), list(server.keys)
@@ -280,7 +280,7 @@ def test_judge_down_for_a_step_then_resume_over_a_torn_checkpoint(tmp_path):
     torn = os.path.join(actor, "global_step2", "mp_rank_00_model_states.pt")
     with open(torn, "r+b") as f:
         f.truncate(os.path.getsize(torn) // 2)  # a save cut short (disk full, killed mid-write, partial copy)
-    with serve_in_thread() as server:  # the judge is up
+    with serve_judge() as server:  # the judge is up
         resumed = launcher_argv(world, classmate=False, num_episodes=2,
                                 extra=_judge_flags(server) + ["--ckpt.max_num", "2", "--ckpt.load_enable",
                                                               "--logger.tensorboard_dir",

@@ -24,7 +24,7 @@ from openrlhf_classmate.scoring.judge_health import (
     tally,
     tally_from_logs,
 )
-from openrlhf_classmate.testing.judge_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_judge
 
 LABEL = {"data_source": "helpful_instructions", "raw_question_for_monitor": "Is my plan good?"}
 
@@ -52,7 +52,7 @@ def test_failure_reasons_survive_the_trip_as_numbers(reason, kind, status):
 
 
 def test_reward_func_reports_each_judge_call(monkeypatch):
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         _judge_env(monkeypatch, server, max_retries=2)
         ok = reward_func(["P:<think> x </think> sure"], ["P:"], [json.dumps(LABEL)], answers=["sure"])
         down = reward_func(["P:<think> x </think> no [[fake:status=503]]"], ["P:"], [json.dumps(LABEL)],
@@ -79,7 +79,7 @@ def test_reward_func_reports_each_judge_call(monkeypatch):
 
 
 def test_reward_func_honours_the_judge_concurrency_limit(monkeypatch):
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         _judge_env(monkeypatch, server, max_concurrency=2)
         threads = [threading.Thread(target=reward_func, args=(
             [f"P:<think> x </think> answer {i} [[fake:sleep=0.3]]"], ["P:"], [json.dumps(LABEL)]),
@@ -135,7 +135,7 @@ def test_step_health_metrics_and_the_warning_line():
 
 def test_classmate_stream_from_the_controllers_judge_client():
     """What ``ClassmatePPOTrainer.train_step`` does after the classmate stage scored its answers."""
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         client = JudgeClient(JudgeConfig(base_url=server.base_url, model="fake-judge", max_retries=0))
         results = score_responses(["fine", "bad [[fake:status=502]]"], [LABEL, LABEL], judge=client)
     stage = SimpleNamespace(last_scores=(results, [r.valid for r in results]))

@@ -319,24 +319,15 @@ def test_the_sandbox_request_time_limit_must_exceed_the_sandbox_default_per_test
     """Code rows without max_execution_time get the sandbox's --default-time-limit (read from its /health): one
     request, all of a row's tests, must be allowed more than that."""
     import http.server
-    import threading
 
     from openrlhf_classmate.integration.launch.preflight_data import _check_code_time_limits, _Lengths
+    from openrlhf_classmate.testing.servers import QuietHandler, serve_in_thread
 
-    class Health(http.server.BaseHTTPRequestHandler):
+    class Health(QuietHandler):
         def do_GET(self):  # noqa: N802
-            body = json.dumps({"limits": {"max_time_limit_s": 60.0, "default_time_limit_s": 10.0}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, {"limits": {"max_time_limit_s": 60.0, "default_time_limit_s": 10.0}})
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serve_in_thread(http.server.HTTPServer(("127.0.0.1", 0), Health)) as server:
         monkeypatch.setenv("OPENRLHF_CLASSMATE_SANDBOX_URL", f"http://127.0.0.1:{server.server_port}")
         found = _Lengths(first_use={"code": "d.jsonl:1"}, code_default="d.jsonl:3")
         _check_code_time_limits(found, PreflightReport())  # the default 600 s per request
@@ -347,6 +338,3 @@ def test_the_sandbox_request_time_limit_must_exceed_the_sandbox_default_per_test
             _check_code_time_limits(found, PreflightReport())
         monkeypatch.setenv("OPENRLHF_CLASSMATE_CODE_TIME_LIMIT", "2")  # replaces the sandbox's default
         _check_code_time_limits(found, PreflightReport())
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -10,11 +10,8 @@ import socket
 import pytest
 
 from openrlhf_classmate.testing.e2e import build_world, run_launcher, tensorboard_scalars
-from openrlhf_classmate.testing.fake_servers import (
-    FakeClassifierServer,
-    FakeVerifierServer,
-    serve_in_thread,
-)
+from openrlhf_classmate.testing.fake_servers import FakeClassifierServer, FakeVerifierServer
+from openrlhf_classmate.testing.servers import serve_in_thread
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from openrlhf_classmate.ports import free_port
 from openrlhf_classmate.reward_func import reward_func
 from openrlhf_classmate.scoring import (
     CodeSandboxConfig,
@@ -16,7 +17,7 @@ from openrlhf_classmate.scoring import (
     resolve_data_source,
     score_responses,
 )
-from openrlhf_classmate.testing.sandbox_service import free_port, running_service
+from openrlhf_classmate.testing.sandbox_service import running_service
 
 UID_BASE = 40000 + (os.getpid() % 1000) * 8 + 6  # apart from tests/test_sandbox.py's services
 FLAGS = ["--max-concurrency", "2", "--memory-mb", "192", "--max-processes", "16", "--max-time-limit", "10",

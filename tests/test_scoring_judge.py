@@ -17,7 +17,7 @@ from openrlhf_classmate.scoring import (
     score_responses,
 )
 from openrlhf_classmate.scoring.judge_client import percentile
-from openrlhf_classmate.testing.judge_server import FakeJudgeServer, default_rating, serve_in_thread
+from openrlhf_classmate.testing.judge_server import FakeJudgeServer, default_rating, serve_judge
 
 
 def _config(server, **overrides):
@@ -89,7 +89,7 @@ def test_failures_become_invalid_results_with_reasons_and_the_stats_count_them()
         "refused [[fake:status=404]]",
         None,  # no final answer: no request
     ]
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         client = JudgeClient(_config(server, timeout_s=0.5))
         start = time.monotonic()
         results = score_responses(responses, [_label(f"q{i}") for i in range(len(responses))], judge=client)
@@ -159,7 +159,7 @@ def test_a_judge_source_without_a_judge_config_says_what_to_set():
 
 
 def test_missing_question_is_a_label_error_before_any_request():
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         labels = [_label(), {"data_source": "helpful_instructions", "ground_truth": None}]
         with pytest.raises(LabelError) as err:
             score_responses(["a", "b"], labels, judge=_config(server))

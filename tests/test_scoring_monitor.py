@@ -19,7 +19,7 @@ from openrlhf_classmate.scoring import (
     parse_binary_rating,
 )
 from openrlhf_classmate.scoring.prompts import MMLU_MONITOR_PROMPT, SYCOPHANCY_JUDGE_PROMPT, SYCOPHANCY_MONITOR_PROMPT
-from openrlhf_classmate.testing.judge_server import serve_in_thread
+from openrlhf_classmate.testing.judge_server import serve_judge
 
 SPEC = Path(__file__).resolve().parents[1].parent / "shared" / "docs" / "classmate_method.md"
 
@@ -84,7 +84,7 @@ def test_predictions_through_a_real_server():
         "unreachable [[fake:status=500]]",
     ]
     labels = [MMLU_LABEL, MMLU_LABEL, GENERAL_LABEL, GENERAL_LABEL, GENERAL_LABEL, MMLU_LABEL, GENERAL_LABEL]
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         cfg = JudgeConfig(base_url=server.base_url, model="monitor", api_key_env=None, max_retries=1, backoff_s=0.01)
         preds = monitor_predictions(cots, labels, cfg)
         bodies = list(server.requests)

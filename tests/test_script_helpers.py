@@ -7,42 +7,29 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from openrlhf_classmate.script_helpers import first_model_id, http_ok, main, ray_runtime_env
+from openrlhf_classmate.testing.servers import QuietHandler, serve_in_thread
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     def do_GET(self):  # noqa: N802
         if self.path == "/v1/models":
-            body = json.dumps({"object": "list", "data": [{"id": "judge-a"}, {"id": "judge-b"}]}).encode()
-            self.send_response(200)
+            self.reply(200, {"object": "list", "data": [{"id": "judge-a"}, {"id": "judge-b"}]})
         elif self.path == "/v1/empty/models":
-            body = json.dumps({"data": []}).encode()
-            self.send_response(200)
+            self.reply(200, {"data": []})
         else:
-            body = b"nope"
-            self.send_response(404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+            self.reply(404, b"nope")
 
 
 @pytest.fixture
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_in_thread(http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)) as httpd:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
 
 
 def test_http_ok_answers_200_and_refuses_404_and_a_closed_port(server):

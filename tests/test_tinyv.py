@@ -29,7 +29,8 @@ from openrlhf_classmate.scoring.tinyv_prompts import (
     parse_verdict,
     verifier_settings,
 )
-from openrlhf_classmate.testing.fake_servers import FakeVerifierServer, serve_in_thread
+from openrlhf_classmate.testing.fake_servers import FakeVerifierServer
+from openrlhf_classmate.testing.servers import serve_in_thread
 
 QUESTION = "What is 1/2 + 1/4? Let's think step by step and output the final answer within \\boxed{}."
 

@@ -1,6 +1,7 @@
 """train_scripts/: syntax, GPU detection, server readiness (against real local HTTP servers), server start/stop with a
 stand-in `vllm serve`, and dry runs whose printed launcher command must parse with the launcher's parser."""
 
+import contextlib
 import glob
 import http.server
 import json
@@ -16,6 +17,7 @@ import time
 import pytest
 
 from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.testing.servers import QuietHandler, serve_in_thread
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,40 +43,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class _ModelsHandler(http.server.BaseHTTPRequestHandler):
+class _ModelsHandler(QuietHandler):
     status = 200
 
     def do_GET(self):  # noqa: N802
-        body = json.dumps({"object": "list", "data": [{"id": "served-judge", "object": "model"}]}).encode()
-        code = self.status if self.path == "/v1/models" else 404
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply(self.status if self.path == "/v1/models" else 404,
+                   {"object": "list", "data": [{"id": "served-judge", "object": "model"}]})
 
 
 def _serve(port: int, status: int = 200, delay: float = 0.0):
     """A local /v1/models server on 127.0.0.1:port (started after `delay` seconds); returns a stop function."""
     handler = type("Handler", (_ModelsHandler,), {"status": status})
-    box = {}
+    running = contextlib.ExitStack()
 
     def run():
         time.sleep(delay)
-        box["server"] = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-        box["server"].serve_forever(poll_interval=0.05)
+        running.enter_context(serve_in_thread(http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
 
     def stop():
-        thread.join(timeout=delay + 5) if "server" not in box else None
-        if "server" in box:
-            box["server"].shutdown()
-            box["server"].server_close()
+        thread.join(timeout=delay + 5)
+        running.close()
     return stop
 
 

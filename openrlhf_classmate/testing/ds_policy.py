@@ -60,7 +60,7 @@ def single_rank_world():
     import pytest
 
     from openrlhf_classmate.integration import patches
-    from openrlhf_classmate.testing.sandbox_service import free_port
+    from openrlhf_classmate.ports import free_port
 
     with pytest.MonkeyPatch.context() as mp, cpu_runtime(mp):
         patches.install_experience()

@@ -11,7 +11,7 @@ Both listen on 127.0.0.1, record every request body, count requests in flight an
 * :class:`FakeClassifierServer` answers ``POST /classify`` and ``GET /v1/models``: each input ``CLS a SEP b SEP`` gets
   ``probs = [1 - p, p]`` with p the Jaccard similarity of the word sets of a and b (or ``similarity(a, b)``).
 
-``serve_in_thread(server)`` runs one on its own event loop for synchronous callers; from a shell:
+``servers.serve_in_thread(server)`` runs one on its own event loop for synchronous callers; from a shell:
 ``python -m openrlhf_classmate.testing.fake_servers verifier|classifier --port 0`` prints ``READY <url>``.
 """
 
@@ -21,9 +21,8 @@ import argparse
 import asyncio
 import contextlib
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -168,37 +167,6 @@ class FakeClassifierServer(_Server):
                                       "created": int(time.time()), "model": self.model, "data": data})
         finally:
             self._track(-1)
-
-
-@contextlib.contextmanager
-def serve_in_thread(server: _Server) -> Iterator[_Server]:
-    """Run ``server`` on its own event loop in a daemon thread; stopped when the block ends."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(server.start())
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-            started.set()
-            return
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(server.stop())
-        loop.close()
-
-    thread = threading.Thread(target=run, name=f"fake-{type(server).__name__}", daemon=True)
-    thread.start()
-    if not started.wait(timeout=30) or errors:
-        raise RuntimeError(f"{type(server).__name__} did not start: {errors[0] if errors else 'timeout'}")
-    try:
-        yield server
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
 
 
 def main() -> None:

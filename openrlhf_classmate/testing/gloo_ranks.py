@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-from openrlhf_classmate.testing.sandbox_service import free_port
+from openrlhf_classmate.ports import free_port
 
 
 def run_ranks(target: str, world_size: int, kwargs: dict, timeout: float = 300) -> list[dict]:

@@ -24,7 +24,7 @@ exactly the prompts of the first training step(s), whatever order the data loade
 The server records every request body and header set, and counts requests in flight (``max_in_flight``), so tests
 can check what the client actually sent and how many requests it had open at once.
 
-Use it as ``async with FakeJudgeServer() as server:`` inside a running loop, ``with serve_in_thread() as server:``
+Use it as ``async with FakeJudgeServer() as server:`` inside a running loop, ``with serve_judge() as server:``
 from synchronous code, or from a shell: ``python -m openrlhf_classmate.testing.judge_server --port 8000``.
 """
 
@@ -34,13 +34,13 @@ import argparse
 import asyncio
 import contextlib
 import re
-import threading
 import time
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
+
+from openrlhf_classmate.testing.servers import serve_in_thread
 
 _DIRECTIVE_RE = re.compile(r"\[\[fake:(\w+)(?:=([^\]]*))?\]\]")
 BINARY_PROMPT_MARK = "RATING: [0 or 1]"
@@ -79,11 +79,6 @@ class FakeJudgeServer:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
-
-    def reset(self) -> None:
-        """Forget recorded requests, statuses, keys, counters and per-prompt attempt counts."""
-        self.requests, self.headers, self._attempts, self.statuses, self.keys = [], [], {}, [], []
-        self.max_in_flight = self.in_flight
 
     async def start(self) -> FakeJudgeServer:
         app = web.Application()
@@ -172,36 +167,9 @@ def _completion(model: str, text: str) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def serve_in_thread(**kwargs: Any) -> Iterator[FakeJudgeServer]:
-    """Run a ``FakeJudgeServer(**kwargs)`` on its own event loop in a daemon thread, for synchronous callers."""
-    server = FakeJudgeServer(**kwargs)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(server.start())
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-            started.set()
-            return
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(server.stop())
-        loop.close()
-
-    thread = threading.Thread(target=run, name="fake-judge-server", daemon=True)
-    thread.start()
-    if not started.wait(timeout=30) or errors:
-        raise RuntimeError(f"fake judge server did not start: {errors[0] if errors else 'timeout'}")
-    try:
-        yield server
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
+def serve_judge(**kwargs: Any) -> contextlib.AbstractContextManager[FakeJudgeServer]:
+    """A ``FakeJudgeServer(**kwargs)`` run on its own event loop in a daemon thread, for synchronous callers."""
+    return serve_in_thread(FakeJudgeServer(**kwargs))
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import openrlhf_classmate
-from openrlhf_classmate.ports import free_port  # the port a service started next binds (also for callers)
+from openrlhf_classmate.ports import free_port
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(openrlhf_classmate.__file__)))
 
