@@ -23,6 +23,7 @@ from openrlhf_classmate.testing.tiny_models import save_tiny_model
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "train_scripts")
 LIB = os.path.join(SCRIPTS, "lib.sh")
+LIB_DIR = os.path.join(SCRIPTS, "lib")  # the files lib.sh sources, one per section
 RUN_SCRIPTS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(SCRIPTS, "*.sh"))
                      if os.path.basename(p) not in ("lib.sh", "convert_checkpoint.sh"))
 JUDGE_SCRIPTS = {"warmup", "baseline_grpo", "classmate_gdpo", "classmate_separated", "self_classmate",
@@ -72,8 +73,9 @@ def _serve(port: int, status: int = 200, delay: float = 0.0):
 # ── syntax and inventory ──
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(SCRIPTS, "*.sh")) + [
-    os.path.join(SCRIPTS, "slurm_template.sbatch")]), ids=os.path.basename)
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(SCRIPTS, "*.sh")) + glob.glob(os.path.join(LIB_DIR, "*.sh"))
+                                        + [os.path.join(SCRIPTS, "slurm_template.sbatch")]),
+                         ids=lambda p: os.path.relpath(p, SCRIPTS))
 def test_bash_syntax(path):
     proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -89,7 +91,9 @@ def test_every_config_has_a_run_script_and_back():
 
 
 def test_no_machine_specific_paths_in_scripts():
-    for path in glob.glob(os.path.join(SCRIPTS, "*")):
+    for path in glob.glob(os.path.join(SCRIPTS, "**", "*"), recursive=True):
+        if os.path.isdir(path):
+            continue
         text = open(path).read()
         for bad in ("/work/", "/home/", "/root/", "/scratch/"):
             assert bad not in text, f"{path}: {bad}"
