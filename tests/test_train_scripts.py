@@ -24,8 +24,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "train_scripts")
 LIB = os.path.join(SCRIPTS, "lib.sh")
 LIB_DIR = os.path.join(SCRIPTS, "lib")  # the files lib.sh sources, one per section
+HELPFUL_CONFIGS = ("classmate_gdpo", "classmate_separated", "classmate_reproduce_reference")
+"""The configs ``classmate_helpful.sh CONFIG`` runs (``classmate_gdpo.sh`` is ``classmate_helpful.sh classmate_gdpo``)."""
 RUN_SCRIPTS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(SCRIPTS, "*.sh"))
-                     if os.path.basename(p) not in ("lib.sh", "convert_checkpoint.sh"))
+                     if os.path.basename(p) not in ("lib.sh", "convert_checkpoint.sh", "classmate_helpful.sh"))
+RUNS = {**{name: [f"{name}.sh"] for name in RUN_SCRIPTS},
+        **{name: ["classmate_helpful.sh", name] for name in HELPFUL_CONFIGS}}
+"""Each config's run: the script and its leading arguments."""
 JUDGE_SCRIPTS = {"warmup", "baseline_grpo", "classmate_gdpo", "classmate_separated", "self_classmate",
                  "classmate_reproduce_reference"}
 CLASSMATE_SCRIPTS = {"classmate_gdpo", "classmate_separated", "self_classmate", "classmate_reproduce_reference",
@@ -83,11 +88,23 @@ def test_bash_syntax(path):
 
 def test_every_config_has_a_run_script_and_back():
     configs = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(REPO, "configs", "*.yaml"))}
-    assert set(RUN_SCRIPTS) == configs
-    for name in RUN_SCRIPTS:
-        text = open(os.path.join(SCRIPTS, f"{name}.sh")).read()
-        assert f"run_config {name} " in text and text.startswith("#!/usr/bin/env bash")
-        assert os.access(os.path.join(SCRIPTS, f"{name}.sh"), os.X_OK)
+    assert set(RUNS) == configs
+    for name, (script, *_) in RUNS.items():
+        text = open(os.path.join(SCRIPTS, script)).read()
+        assert text.startswith("#!/usr/bin/env bash") and os.access(os.path.join(SCRIPTS, script), os.X_OK)
+        if script == "classmate_helpful.sh":
+            assert f"  {name} " in text and 'run_config "$config" "$@"' in text
+        elif name == "classmate_gdpo":
+            assert 'classmate_helpful.sh" classmate_gdpo "$@"' in text
+        else:
+            assert f"run_config {name} " in text
+
+
+def test_classmate_helpful_refuses_a_config_it_does_not_run():
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_helpful.sh"), "warmup"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "usage: train_scripts/classmate_helpful.sh classmate_gdpo|" in proc.stderr
+    assert "(got 'warmup')" in proc.stderr
 
 
 def test_no_machine_specific_paths_in_scripts():
@@ -500,8 +517,9 @@ def _script_with_recorded_preflight(script: str, env: dict, *args: str,
         os.chmod(python, 0o755)
         full.update(DRY_RUN="1", PYTHON=python, PREFLIGHT_RECORD=os.path.join(bindir, "preflight.jsonl"),
                     PREFLIGHT_EXIT=str(preflight_exit), **env)
-        proc = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sh"), *args], env=full, capture_output=True,
-                              text=True, timeout=300)
+        command = RUNS.get(script, [f"{script}.sh"])
+        proc = subprocess.run(["bash", os.path.join(SCRIPTS, command[0]), *command[1:], *args], env=full,
+                              capture_output=True, text=True, timeout=300)
         checks = []
         if os.path.exists(full["PREFLIGHT_RECORD"]):
             with open(full["PREFLIGHT_RECORD"]) as f:
@@ -530,7 +548,7 @@ def _launcher_flags(cmd: list[str]) -> list[str]:
     return cmd[cmd.index("openrlhf_classmate.cli.train_ppo_ray") + 1:]
 
 
-@pytest.mark.parametrize("script", RUN_SCRIPTS)
+@pytest.mark.parametrize("script", sorted(RUNS))
 def test_dry_run_command_parses_and_maps_the_environment(script, tiny, tmp_path):
     out = str(tmp_path / "out")
     env = {"MODEL": tiny["policy"], "CLASSMATE_MODEL": tiny["classmate"], "DATA": tiny["data"],
