@@ -103,7 +103,7 @@ def test_resume_takes_latest_or_falls_back_to_the_newest_complete_older_tag(tmp_
 
 
 def test_a_marked_tag_missing_its_highest_ranks_file_is_torn(tmp_path):
-    """Issue 43: rank 1's optimizer file gone from a 2-rank tag leaves no gap below the highest rank seen (0), so the
+    """A torn tag: rank 1's optimizer file gone from a 2-rank tag leaves no gap below the highest rank seen (0), so the
     file checks alone took the tag, and rank 1 died in ``torch.load``; the completeness marker lists every file."""
     actor = tmp_path / "_actor"
     _tag(actor, 1, ranks=2, marked=True)
@@ -358,7 +358,7 @@ def test_rotation_on_a_real_engine_keeps_what_upstream_keeps(tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_a_lost_file_of_the_highest_rank_resumes_from_the_complete_tag(tmp_path):
-    """Issue 43 on a real 2-rank ZeRO-2 run (gloo, one process per rank): rank 1's optimizer file of the newest tag
+    """The same torn tag on a real 2-rank ZeRO-2 run (gloo, one process per rank): rank 1's optimizer file of the newest tag
     deleted. The resume chose that tag and rank 1 died in ``torch.load``; now both ranks load the complete earlier
     tag, and the next save's rotation removes the torn one first (``max_num 2`` keeps the earlier tag)."""
     from openrlhf_classmate.testing.gloo_ranks import run_ranks

@@ -1,6 +1,6 @@
 """ClassmateExperienceMaker over upstream's real ``RemoteExperienceMaker.make_experience_batch``: only Ray, the
 model actors (actor / reference forward passes return fixed functions of the tokens) and the classmate engines are
-faked; upstream's split, KL, length penalties, baselines and advantage code all run for real (issue 11)."""
+faked; upstream's split, KL, length penalties, baselines and advantage code all run for real."""
 
 import copy
 import json
@@ -460,7 +460,7 @@ def _whitened(rows: dict, valid: list[bool], centre_only: bool = False) -> dict:
 
 @pytest.mark.parametrize("estimator", ["reinforce_baseline", "reinforce", "flash_reinforce"])
 def test_plain_runs_leave_invalid_scores_out_of_upstreams_batch_statistics(world, fake_ray, estimator):
-    # issue 23 item 1: whitening (reinforce_baseline, reinforce) and the batch mean (flash_reinforce) over the valid
+    # whitening (reinforce_baseline, reinforce) and the batch mean (flash_reinforce) over the valid
     # rows only; an invalid row's advantage is exactly 0 on every token
     args = _args(world, "--algo.advantage.estimator", estimator, classmate=False)
     maker, _ = _maker(args, world.tok, fake_ray, classmate=False)
@@ -734,7 +734,7 @@ def test_bench_alternation_runs_the_classmate_on_odd_batches_and_plain_grpo_on_e
 
 @pytest.mark.parametrize("classmate", [False, True])
 def test_each_rollout_batch_measures_the_engines_log_probs_against_the_actors(world, fake_ray, classmate):
-    """The mismatch statistics (issue 25) of a rollout batch that upstream splits into micro-batches of 5, 5 and 2
+    """The mismatch statistics (``integration/rollout/mismatch.py``) of a rollout batch that upstream splits into micro-batches of 5, 5 and 2
     samples of different widths, against the same numbers worked out sample by sample."""
     samples = _rollout(world.tok)
     d = torch.cat([(actor_log_probs(s.sequences) - s.rollout_log_probs)[s.action_mask.bool()].double()

@@ -311,7 +311,7 @@ def test_classmate_scorer_without_a_classmate_points_to_main_scorer():
 
 
 def test_seq_mean_token_sum_norm_needs_a_fixed_response_width():
-    # issue 23 item 7: T = --rollout.max_new_tokens; without it T would be each micro-batch's padded width, so the
+    # T = --rollout.max_new_tokens; without it T would be each micro-batch's padded width, so the
     # same response would weigh 1/5 or 1/9 of its token sum depending on the prompts it was batched with
     import torch
 

@@ -1,4 +1,4 @@
-"""The policy update reads its metrics back to the host once per micro-batch, not once per metric (issue 26).
+"""The policy update reads its metrics back to the host once per micro-batch, not once per metric.
 
 Upstream's ``ppo_train`` turns every tensor metric of a micro-batch into a float (``.item()``: a host sync each) and
 ``DeepspeedStrategy.all_reduce`` reduces a dict one key at a time (a host-to-device copy, a collective and a

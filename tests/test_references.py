@@ -8,11 +8,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("openrlhf_classmate/**/*.py", "setup_data/**/*.py", "scripts/**/*.sh", "bench/*.py", "bench/*.sh",
-           "docs/**/*.md")
+           "docs/**/*.md", "configs/*.yaml", "train_scripts/**/*.sh", "train_scripts/*.sbatch", "tests/*.py",
+           "README.md")
 REFERENCE = re.compile(r"§|\bissue \d+", re.IGNORECASE)
 # Not yet done: files other work was changing when the references were replaced, each citing an issue number when
 # this list was written. Rewrite their references, then take them off this list.
-NOT_YET_DONE: set[str] = set()
+NOT_YET_DONE: set[str] = {"tests/test_references.py"}  # its own examples of what it catches
 
 
 def _references() -> list[str]:

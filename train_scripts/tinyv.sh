@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TinyV: GRPO on Big-Math with the TinyV verifier (configs/tinyv.yaml). Starts the verifier with `vllm serve`
-# (reward_methods.md §A.7: max-model-len 4096, 0.15 of the GPU memory next to training) unless TINYV_URL is set.
+# (as TinyV's run_grpo_tinyv.sh serves it: max-model-len 4096, 0.15 of the GPU memory next to training) unless TINYV_URL is set.
 #
 #   train_scripts/tinyv.sh [launcher flags...]
 #

@@ -27,7 +27,7 @@ use_judge() {
   if [[ -n "${JUDGE_API_KEY_ENV:-}" ]]; then RUN_ARGS+=(--classmate.judge_api_key_env "$JUDGE_API_KEY_ENV"); fi
 }
 
-# use_tinyv: the TinyV verifier (reward_methods.md §A.7: max-model-len 4096, memory 0.15 next to training), passed as
+# use_tinyv: the TinyV verifier (served as TinyV's run_grpo_tinyv.sh does: max-model-len 4096, memory 0.15 next to training), passed as
 # --tinyv.base_url / --tinyv.model; TINYV_MODE (addon, tinyv_only, mixed) and TINYV_WEIGHT add --tinyv.mode / .weight.
 use_tinyv() {
   # as in use_judge: only a server we start needs the default model name
@@ -55,7 +55,7 @@ use_darling_classifiers() {
       is_dry_run || wait_ready "darling classifier $i" "${urls[$i]}" "${SERVER_ATTACH_TIMEOUT:-60}" || exit 1
     done
   else
-    [[ -n "${DARLING_CLASSIFIER_MODEL:-}" ]] || die "DARLING needs its pair classifier: set DARLING_CLASSIFIER_MODEL (a fine-tuned 2-class sequence classifier, reward_methods.md §B.1) or DARLING_CLASSIFIER_URLS"
+    [[ -n "${DARLING_CLASSIFIER_MODEL:-}" ]] || die "DARLING needs its pair classifier: set DARLING_CLASSIFIER_MODEL (a fine-tuned 2-class sequence classifier: same meaning or not) or DARLING_CLASSIFIER_URLS"
     n="${DARLING_NUM_SERVERS:-1}"
     if [[ -n "${SERVER_CUDA_DEVICES:-}" ]]; then IFS=',' read -r -a devices <<<"$SERVER_CUDA_DEVICES"
     else mapfile -t devices < <(visible_gpus); fi
