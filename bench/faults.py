@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from openrlhf_classmate.testing.e2e import build_world, launcher_argv, run_launcher, tensorboard_scalars  # noqa: E402
-from openrlhf_classmate.testing.judge_server import serve_judge as serve_in_thread  # noqa: E402
+from openrlhf_classmate.testing.judge_server import serve_judge  # noqa: E402
 from openrlhf_classmate.testing.processes import descendants, kill_all, process_title  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +56,7 @@ def _wait(condition, proc: subprocess.Popen, limit: float = LIMIT_S) -> bool:
 def run_scenario(name: str, work: str) -> dict:
     world = build_world(os.path.join(work, name), num_prompts=8, judged=True)
     root = world["root"]
-    with serve_in_thread() as server:
+    with serve_judge() as server:
         argv = launcher_argv(world, classmate=False, extra=["--classmate.judge_base_url", server.base_url, *JUDGE])
         if name == "rank-killed":
             for flag in ("--actor.num_gpus_per_node", "--ref.num_gpus_per_node"):
