@@ -11,7 +11,6 @@ import csv
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from openrlhf_classmate.eval.report import fmt, format_columns
 
@@ -155,12 +154,3 @@ def plot_transfer(path: str, entries: Sequence[dict], readers: Sequence[str], ti
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def transfer_curves(entries: Sequence[dict], reader: str) -> list[tuple[dict, dict[str, Any]]]:
-    """``(entry, {fraction: score_mean})`` per checkpoint for one reader (the headline group)."""
-    out = []
-    for entry in entries:
-        by_fraction = entry["metrics"][headline_group(entry["metrics"])].get("transfer", {}).get(reader, {})
-        out.append((entry, {f: v["score_mean"] for f, v in sorted(by_fraction.items(), key=lambda kv: float(kv[0]))}))
-    return out

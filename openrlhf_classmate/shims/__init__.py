@@ -51,8 +51,3 @@ def install() -> list[str]:
             sys.path.append(path)
         shimmed.append(name)
     return shimmed
-
-
-def shim_pythonpath() -> str:
-    """The ``PYTHONPATH`` entries that give a child process (a Ray worker, say) the same shims."""
-    return os.pathsep.join(path for path in SHIM_DIRS.values() if path in sys.path)

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import inspect
 import re
 import sys
@@ -131,10 +130,6 @@ def _upstream_main_block() -> tuple[list[ast.stmt], list[ast.stmt], str]:
         raise RuntimeError("openrlhf.cli.train_ppo_ray: the main block no longer ends with `train(args)`")
     return build, post[:-1], source
 
-
-def upstream_source_sha256() -> str:
-    """Hash of upstream's CLI module: ``patches.check_upstream`` compares it with the pinned value."""
-    return hashlib.sha256(_upstream_main_block()[2].encode()).hexdigest()
 
 
 def _upstream_namespace() -> dict[str, Any]:
