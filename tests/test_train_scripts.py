@@ -17,6 +17,7 @@ import time
 import pytest
 
 from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.launch.preflight_types import looks_local
 from openrlhf_classmate.testing.servers import QuietHandler, serve_in_thread
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
 
@@ -666,3 +667,15 @@ def test_a_server_on_the_training_gpus_is_counted_by_placement_auto(tiny):
 def test_convert_checkpoint_script_usage():
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, "convert_checkpoint.sh")], capture_output=True, text=True)
     assert proc.returncode == 2 and "CKPT_DIR OUT_DIR [TAG]" in proc.stderr
+
+
+def test_the_scripts_tell_a_local_path_from_a_hub_id_as_the_preflight_does(tmp_path):
+    # one rule for both: a path the scripts call a hub id and the preflight calls local (or the reverse) would pass
+    # one check and fail the other with a message about the wrong thing
+    cases = ["/abs/model", "./rel", "../up", "~/home", "a/b/c", "Qwen/Qwen2.5-0.5B", "gpt2", "my model",
+             "org/na me", "runs/warmup/final", "data.jsonl", "-flag"]
+    lines = _bash("for p in " + " ".join(shlex.quote(c) for c in cases)
+                  + '; do if _looks_local "$p"; then echo local; else echo hub; fi; done').stdout.split()
+    expected = ["local" if looks_local(c) else "hub" for c in cases]
+    assert lines == expected
+    assert expected[:5] == ["local"] * 5 and expected[5:7] == ["hub", "hub"] and expected[7] == "local"

@@ -9,11 +9,8 @@ abs_path() {
   if [[ -z "$p" || "$p" == /* ]]; then printf '%s\n' "$p"; else printf '%s\n' "$PWD/$p"; fi
 }
 
-# _looks_local PATH: absolute, ./, ../, ~, or more than one "/" (a hub id is ORG/NAME).
-_looks_local() {
-  local p=$1 slashes=${1//[^\/]/}
-  [[ "$p" == /* || "$p" == ./* || "$p" == ../* || "$p" == "~"* || ${#slashes} -gt 1 ]]
-}
+# _looks_local PATH: a local path rather than a hub id (NAME or ORG/NAME), by the preflight's rule (_helper: servers.sh)
+_looks_local() { _helper looks-local "$1"; }
 
 # model_path WHAT PATH: a local model directory (made absolute) or a Hugging Face hub id (kept). A path that looks
 # local (see _looks_local) but does not exist is an error, except in a dry run.
