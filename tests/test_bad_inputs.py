@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,6 +376,17 @@ def _env_launcher(env: dict[str, str], *expect: str) -> Case:
     return Case(f"environment {' '.join(f'{k}={v}' for k, v in env.items())}", "launcher", run, expect)
 
 
+def _stale_build_lock(w, tmp):
+    # a lock file in an op's build folder, left an hour ago by a build that was killed
+    lock = tmp / "torch_extensions" / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    with _env(TORCH_EXTENSIONS_DIR=str(tmp / "torch_extensions")):
+        return run_launcher(launcher_argv(w))
+
+
 NUMBERS = [
     L("vrcli thresholds nan", ["--vrcli.thresholds", "nan", "1"], "--vrcli.thresholds", "finite", "nan"),
     L("vrcli ladder reward inf", ["--vrcli.ladder_rewards", "0", "inf"], "--vrcli.ladder_rewards", "finite"),
@@ -417,6 +429,8 @@ def _long_prompt_rows(words: int) -> list[dict]:
 
 # the preflight's list: what used to pass the preflight and fail later, inside Ray
 MORE_PREFLIGHT = [
+    Case("a build lock left by a killed DeepSpeed op build", "launcher", _stale_build_lock,
+         ("cpu_adam/lock", "60 min old", "wait for it forever", "rm ")),
     D("prompts longer than --data.max_len leaves room for", _long_prompt_rows(60), "1 of 2 prompts",
       "longer than 48 tokens", "--data.max_len", passes=True),
     D("classmate prompt alone over --classmate.max_context", _long_prompt_rows(60),

@@ -7,12 +7,13 @@ normal duration. Everything the run prints goes to a log file, which is also wha
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable
+
+from openrlhf_classmate.integration.launch.build_locks import build_locks
 
 TIMEOUT_EXIT = 124  # as timeout(1)
 QUIET = 900.0  # s without a new byte of output; the launcher prints every step, the demo every stage and step
@@ -68,16 +69,14 @@ def release_build_locks(since: float) -> list[str]:
     DeepSpeed builds its ops (FusedAdam, CPUAdam, ...) with ``torch.utils.cpp_extension``, which guards a build with
     a ``lock`` file and makes every later build of that op wait while the file exists; a build killed half-way
     leaves it behind, and every later run would hang. Only locks newer than the killed run are touched."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                   "torch_extensions")
     removed = []
-    for lock in glob.glob(os.path.join(root, "**", "lock"), recursive=True):
-        try:
-            if os.path.getmtime(lock) >= since - 1:
+    for lock, mtime in build_locks():
+        if mtime >= since - 1:
+            try:
                 os.remove(lock)
                 removed.append(lock)
-        except OSError:
-            pass
+            except OSError:
+                pass
     return removed
 
 

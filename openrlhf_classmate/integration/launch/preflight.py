@@ -397,6 +397,15 @@ def check_chunked_logprobs_model(args: SimpleNamespace, report: PreflightReport)
 # ── all of it ────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
+def check_build_locks() -> None:
+    """No build lock of a killed DeepSpeed op build in the way (``integration/launch/build_locks.py``)."""
+    from openrlhf_classmate.integration.launch.build_locks import stale_lock_message
+
+    problem = stale_lock_message()
+    if problem:
+        raise PreflightError(problem)
+
+
 def preflight(args: SimpleNamespace) -> PreflightReport:
     """Run every check (cheapest first); raises :class:`PreflightError` at the first problem."""
     report = PreflightReport()
@@ -410,6 +419,7 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
     check_judge_flags(args)
     check_estimator_masks_invalid_scores(args)
     check_engine_backend(args)
+    check_build_locks()
     check_model_path("--actor.model_name_or_path", args.actor.model_name_or_path, report)
     for path in args.classmate.model_name_or_path or []:
         check_model_path("--classmate.model_name_or_path", path, report)
