@@ -15,10 +15,7 @@ Commands:
   ``--rollout.micro_batch_size`` flags that fit the batch sizes of CONFIG, overridden by FLAG..., to ACTOR_GPUS
   actor GPUs (``integration/launch/layout.py``: ``fit_micro_batches``); nothing when the config's fit, or when no
   micro-batch size would (the launcher's preflight then names values that work). A micro-batch size among FLAG...
-  is the user's and kept. Says what it changed on stderr;
-* ``looks-local PATH``: exit 0 when PATH is a local path rather than a Hugging Face hub id, by the preflight's rule
-  (``integration/launch/preflight_types.py``: ``looks_local``), so that the run scripts and the preflight never
-  disagree about a path.
+  is the user's and kept. Says what it changed on stderr.
 """
 
 from __future__ import annotations
@@ -108,7 +105,7 @@ def fit_micro_batches_flags(config: str, actor_gpus: int, flags: Sequence[str]) 
 
 
 USAGE = "usage: python -m openrlhf_classmate.script_helpers {http-ok URL | first-model-id BASE_URL | " \
-        "ray-runtime-env ROOT [NAME ...] | fit-micro-batches CONFIG ACTOR_GPUS [FLAG ...] | looks-local PATH}"
+        "ray-runtime-env ROOT [NAME ...] | fit-micro-batches CONFIG ACTOR_GPUS [FLAG ...]}"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -124,10 +121,6 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) >= 2 and argv[0] == "ray-runtime-env":
         print(json.dumps(ray_runtime_env(argv[1], argv[2:]), separators=(",", ":")))
         return 0
-    if len(argv) == 2 and argv[0] == "looks-local":
-        from openrlhf_classmate.integration.launch.preflight_types import looks_local
-
-        return 0 if looks_local(argv[1]) else 1
     if len(argv) >= 3 and argv[0] == "fit-micro-batches":
         try:
             flags, why = fit_micro_batches_flags(argv[1], int(argv[2]), argv[3:])

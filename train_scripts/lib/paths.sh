@@ -9,8 +9,14 @@ abs_path() {
   if [[ -z "$p" || "$p" == /* ]]; then printf '%s\n' "$p"; else printf '%s\n' "$PWD/$p"; fi
 }
 
-# _looks_local PATH: a local path rather than a hub id (NAME or ORG/NAME), by the preflight's rule (_helper: servers.sh)
-_looks_local() { _helper looks-local "$1"; }
+# _looks_local PATH: a local path rather than a hub id (NAME or ORG/NAME). The preflight's rule (looks_local in
+# openrlhf_classmate/integration/launch/preflight_types.py), written again in bash because PYTHON may be a stand-in
+# launcher here; tests/test_train_scripts.py runs both on the same paths, so the two cannot drift apart.
+_looks_local() {
+  local p=$1 slashes=${1//[^\/]/}
+  [[ "$p" == /* || "$p" == ./* || "$p" == ../* || "$p" == "~"* || ${#slashes} -gt 1 ]] && return 0
+  ! [[ "$p" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$ ]]
+}
 
 # model_path WHAT PATH: a local model directory (made absolute) or a Hugging Face hub id (kept). A path that looks
 # local (see _looks_local) but does not exist is an error, except in a dry run.
