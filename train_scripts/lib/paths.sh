@@ -11,7 +11,8 @@ abs_path() {
 
 # _looks_local PATH: a local path rather than a hub id (NAME or ORG/NAME). The preflight's rule (looks_local in
 # openrlhf_classmate/integration/launch/preflight_types.py), written again in bash because PYTHON may be a stand-in
-# launcher here; tests/test_train_scripts.py runs both on the same paths, so the two cannot drift apart.
+# launcher here; tests/test_train_scripts.py runs both on the same paths. One difference is left: Python's \w also
+# takes non-ASCII letters, so a missing "modèle" is a hub id there and a local path (an error) here.
 _looks_local() {
   local p=$1 slashes=${1//[^\/]/}
   [[ "$p" == /* || "$p" == ./* || "$p" == ../* || "$p" == "~"* || ${#slashes} -gt 1 ]] && return 0

@@ -16,7 +16,9 @@ is one :class:`PreflightError` line naming the flag, the file (and line) or the 
 * the prompt and eval datasets: :mod:`openrlhf_classmate.integration.launch.preflight_data`;
 * the think tags in the tokenizers (the policy's when a classmate or the ``after_think`` reward splits on them);
 * with ``--ckpt.load_enable``: the checkpoint a resume would load (a torn ``latest`` tag falls back, with a warning;
-  nothing saved yet: a warning that the run starts from step 0; a checkpoint folder without a usable tag: an error).
+  nothing saved yet: a warning that the run starts from step 0; a checkpoint folder without a usable tag: an error);
+* no build lock left by a killed DeepSpeed op build (:mod:`openrlhf_classmate.integration.launch.build_locks`),
+  which would make the run wait forever while it sets up its models.
 
 Only tokenizers and model configs are loaded; nothing touches a GPU.
 """
@@ -37,6 +39,7 @@ from openrlhf_classmate.integration.classmate_config import (
     classmate_enabled,
     registry_reward_in_use,
 )
+from openrlhf_classmate.integration.launch.build_locks import stale_lock_message
 from openrlhf_classmate.integration.launch.preflight_types import (  # noqa: F401  (re-exported: the preflight's surface)
     PreflightError,
     PreflightReport,
@@ -399,8 +402,6 @@ def check_chunked_logprobs_model(args: SimpleNamespace, report: PreflightReport)
 
 def check_build_locks() -> None:
     """No build lock of a killed DeepSpeed op build in the way (``integration/launch/build_locks.py``)."""
-    from openrlhf_classmate.integration.launch.build_locks import stale_lock_message
-
     problem = stale_lock_message()
     if problem:
         raise PreflightError(problem)
