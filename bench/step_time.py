@@ -58,6 +58,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -119,7 +120,8 @@ def variant(a) -> str:
             + ("_seeded" if getattr(a, "seed_requests", False) else "")
             + ("_gdpo-only" if gdpo_only(a) else "")
             + (f"_before-{a.before.replace(',', '-')}" if getattr(a, "before", None) else "")
-            + ("_split" if layout(a) == "split" else ""))
+            + ("_split" if layout(a) == "split" else "")
+            + (f"_cudagraph-{a.cudagraph_max}" if getattr(a, "cudagraph_max", None) is not None else ""))
 
 
 def layout(a) -> str:
@@ -218,6 +220,8 @@ def launcher_argv(a, policy: str, classmate: str | None, data: str, root: str) -
         argv += ["--algo.advantage.is_correction_level", a.is_correction]
     if a.engine == "vllm" and a.enforce_eager:
         argv.append("--vllm.enforce_eager")
+    if getattr(a, "cudagraph_max", None) is not None:
+        argv += ["--engine.cudagraph_max_size", str(a.cudagraph_max)]
     if layout(a) == "colocate_all":
         argv += ["--train.colocate_all", "--vllm.enable_sleep", "--vllm.gpu_memory_utilization", "0.3"]
     else:
@@ -363,6 +367,22 @@ def _split_kinds(tb: dict[str, dict[int, float]], only: set[int] | None, skip_fi
     return out
 
 
+# vLLM's own start-up lines (each engine's load, torch.compile with or without its cache, CUDA-graph capture, KV
+# cache, the whole init): the engines' share of startup_s, phase by phase
+VLLM_STARTUP = re.compile(r"(Loading weights took|Model loading took|torch\.compile takes|Directly load the compiled|"
+                          r"Compiling a graph for|Graph capturing finished|init engine .* took|"
+                          r"Available KV cache memory|GPU KV cache size)")
+
+
+def vllm_startup_lines(log: str) -> list[str]:
+    """The launcher log's vLLM start-up lines (:data:`VLLM_STARTUP`), without their Ray prefixes' timestamps."""
+    try:
+        with open(log, errors="replace") as f:
+            return [line.strip()[-240:] for line in f if VLLM_STARTUP.search(line)][:60]
+    except OSError:
+        return []
+
+
 def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout: int,
             interleave: bool = False) -> dict:
     root = os.path.join(a.work, f"{name}_{a.gpus}gpu{variant(a)}")
@@ -388,6 +408,7 @@ def run_one(name: str, a, policy: str, classmate: str | None, data: str, timeout
     row["first_step_s"] = tb.get("train/startup/first_step_s", {}).get(1)
     row["startup_s"] = {tag.removeprefix("train/startup/"): values[1] for tag, values in tb.items()
                         if tag.startswith("train/startup/") and 1 in values}
+    row["vllm_startup_lines"] = vllm_startup_lines(log)
     row["classmate_output_length"] = _mean(list(tb.get("train/classmate/output_length", {}).values()))
     if interleave:
         row.update(split_interleaved(tb, changes=before_list(a), block=1 if gdpo_only(a) else 2))
@@ -565,10 +586,10 @@ def interleaved_call(a, result: dict, policy: str, classmate: str, data: str, st
 # the settings two interleaved calls must share to be counted together (a ratio of another card, batch, layout or
 # request path is another figure)
 CALL_SETTINGS = ("device", "batch", "models", "gpus", "engine", "placement", "mismatch", "is_correction",
-                 "before", "gdpo_only", "dispatch", "seed_requests", "layout")
+                 "before", "gdpo_only", "dispatch", "seed_requests", "layout", "cudagraph_max")
 # the value of a setting a JSON written before the setting existed holds (every interleaved call before the layout
 # setting ran on one GPU, colocate_all)
-SETTING_DEFAULTS = {"gdpo_only": False, "layout": "colocate_all"}
+SETTING_DEFAULTS = {"gdpo_only": False, "layout": "colocate_all", "cudagraph_max": None}
 
 
 def earlier_calls(result: dict, state: dict | None, previous: dict | None, previous_name: str = "") -> list[dict]:
@@ -748,6 +769,9 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
                         "GPU, the policy and classmate engines on the other")
     p.add_argument("--classmate-memory", type=float, default=None,
                    help="--classmate.gpu_memory_utilization (default 0.2 colocate_all, 0.35 split)")
+    p.add_argument("--cudagraph-max", type=int, default=None, metavar="N",
+                   help="--engine.cudagraph_max_size N (0: vLLM's own capture sizes, up to 512; default: the "
+                        "launcher's, the rollout's per-engine batch)")
     p.add_argument("--standalone", action="store_true",
                    help="with --interleave: after the run, the policy engine alone on the same batch "
                         "(bench/vllm_generation_logprobs.py), and the rollout phase's tokens/s against it "
@@ -818,7 +842,7 @@ def main() -> None:
                  f"{a.classmate_new_tokens} new tokens",
         "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction,
         "before": a.before, "gdpo_only": gdpo_only(a), "dispatch": a.dispatch,
-        "seed_requests": a.seed_requests, "layout": layout(a), "samples_per_gpu": a.prompts * a.samples // a.gpus,
+        "seed_requests": a.seed_requests, "layout": layout(a), "cudagraph_max": a.cudagraph_max, "samples_per_gpu": a.prompts * a.samples // a.gpus,
         "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)

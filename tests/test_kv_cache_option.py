@@ -35,9 +35,8 @@ def test_hf_engines_refuse_it_with_one_line(capsys):
 def test_the_launcher_passes_the_size_in_bytes_to_the_engine_actors():
     from openrlhf_classmate.integration.rollout.vllm_engine import KV_CACHE_ENV, engine_env
 
-    assert engine_env(_args("--engine.backend", "vllm", "--engine.kv_cache_gib", "1.5")) == {
-        KV_CACHE_ENV: str(3 * 2**29)}
-    assert engine_env(_args("--engine.backend", "vllm")) == {}
+    assert engine_env(_args("--engine.backend", "vllm", "--engine.kv_cache_gib", "1.5"))[KV_CACHE_ENV] == str(3 * 2**29)
+    assert KV_CACHE_ENV not in engine_env(_args("--engine.backend", "vllm"))
     assert KV_CACHE_ENV.startswith("OPENRLHF_CLASSMATE_")  # init_ray forwards these to every Ray worker
 
 

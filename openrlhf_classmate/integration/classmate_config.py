@@ -325,6 +325,18 @@ class EngineConfig:
                   "default_help": "unset (vLLM sizes the cache by profiling)",
                   "range": Bound(lo=0, lo_open=True, none_ok=True)},
     )
+    cudagraph_max_size: int | None = field(
+        default=None,
+        metadata={"help": "vllm backend: the largest batch (in sequences) each engine captures a CUDA graph for "
+                          "(vLLM's max_cudagraph_capture_size). Unset: the most requests one engine holds in a "
+                          "rollout step (--rollout.vllm_generate_batch_size x --rollout.n_samples_per_prompt over "
+                          "--vllm.num_engines; the classmate's over --classmate.num_engines, times "
+                          "--classmate.samples), rounded up to vLLM's next capture size and at most 512, so that start-up "
+                          "captures no graph a step never uses. Batches above it (a larger evaluation) run compiled "
+                          "without a graph. 0: vLLM's own choice (up to 512 whatever the batch)",
+                  "default_help": "unset (the rollout's largest per-engine batch)",
+                  "range": Bound(lo=0, none_ok=True)},
+    )
     no_mismatch_metrics: bool = field(
         default=False,
         metadata={"help": "turn off the train-inference mismatch metrics (mismatch/logprob_abs_diff_mean, "

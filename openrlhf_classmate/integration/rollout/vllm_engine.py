@@ -26,21 +26,65 @@ UPSTREAM_WORKER_EXTENSION = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
 # --engine.kv_cache_gib reaches the engine actors through the environment (the launcher's Ray runtime env):
 # upstream's create_vllm_engines builds their keyword arguments and has no parameter for it
 KV_CACHE_ENV = "OPENRLHF_CLASSMATE_KV_CACHE_BYTES"
+# and so does the CUDA-graph capture cap of --engine.cudagraph_max_size
+CUDAGRAPH_ENV = "OPENRLHF_CLASSMATE_CUDAGRAPH_MAX"
+# vLLM's largest default capture size (CompilationConfig.max_cudagraph_capture_size: min(2 x max_num_seqs, 512))
+VLLM_MAX_CAPTURE = 512
+
+
+def capture_size(requests: int) -> int:
+    """The smallest of vLLM's automatic capture sizes that holds ``requests`` sequences, at most 512. vLLM captures
+    1, 2, 4, then every multiple of 8 below 256, then every multiple of 16, up to its cap; a cap between two of them
+    would capture the smaller one only, and a decode batch of ``requests`` would run without a graph."""
+    for size in (1, 2, 4):
+        if requests <= size:
+            return size
+    step = 8 if requests <= 256 else 16
+    return min(-(-requests // step) * step, VLLM_MAX_CAPTURE)
+
+
+def rollout_capture_size(args) -> int:
+    """The capture cap of ``--engine.cudagraph_max_size`` unset: the most sequences one engine holds in a rollout
+    step, over the policy engines and the classmate's (upstream spreads a generation batch's prompts, each with its
+    ``n_samples_per_prompt`` requests, evenly over the policy engines)."""
+    from openrlhf_classmate.integration.classmate_config import classmate_enabled
+
+    batch = max(args.rollout.batch_size, args.rollout.vllm_generate_batch_size or 0)
+    responses = batch * args.rollout.n_samples_per_prompt
+    most = -(-responses // max(args.vllm.num_engines or 1, 1))
+    if classmate_enabled(args):
+        cfg = args.classmate
+        most = max(most, -(-responses * cfg.samples // max(cfg.num_engines, 1)))
+    return capture_size(most)
 
 
 def engine_env(args) -> dict[str, str]:
-    """The environment the engine actors read: the fixed KV-cache size of ``--engine.kv_cache_gib`` in bytes."""
+    """The environment the engine actors read: the fixed KV-cache size of ``--engine.kv_cache_gib`` in bytes, and
+    the CUDA-graph capture cap (``--engine.cudagraph_max_size``; none with ``--vllm.enforce_eager``, which captures
+    nothing, or with 0, vLLM's own choice)."""
+    if args.engine.backend != "vllm":
+        return {}
+    env = {}
     gib = args.engine.kv_cache_gib
-    return {KV_CACHE_ENV: str(int(gib * 2**30))} if gib is not None and args.engine.backend == "vllm" else {}
+    if gib is not None:
+        env[KV_CACHE_ENV] = str(int(gib * 2**30))
+    cap = args.engine.cudagraph_max_size
+    cap = rollout_capture_size(args) if cap is None else cap
+    if cap and not args.vllm.enforce_eager:
+        env[CUDAGRAPH_ENV] = str(cap)
+    return env
 
 
 def engine_kwargs(kwargs: dict, environ=os.environ) -> dict:
     """``vllm.AsyncEngineArgs`` keyword arguments with the launcher's fixed KV-cache size, if it set one: vLLM then
-    reserves that many bytes instead of profiling the GPU's free memory (``kv_cache_memory_bytes``); and our worker
-    extension (upstream's plus the bucketed weight load, ``weight_sync.BucketWorkerWrap``) where upstream names
-    its own."""
+    reserves that many bytes instead of profiling the GPU's free memory (``kv_cache_memory_bytes``); its CUDA-graph
+    capture cap (``max_cudagraph_capture_size``); and our worker extension (upstream's plus the bucketed weight load,
+    ``weight_sync.BucketWorkerWrap``) where upstream names its own."""
     size = environ.get(KV_CACHE_ENV)
     out = {**kwargs, "kv_cache_memory_bytes": int(size)} if size else dict(kwargs)
+    cap = environ.get(CUDAGRAPH_ENV)
+    if cap and not out.get("enforce_eager"):
+        out["max_cudagraph_capture_size"] = int(cap)
     if out.get("worker_extension_cls") == UPSTREAM_WORKER_EXTENSION:
         out["worker_extension_cls"] = WORKER_EXTENSION
     return out
