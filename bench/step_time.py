@@ -60,6 +60,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -444,6 +445,28 @@ def throughput(row: dict, samples_per_step: int, gpus: int) -> dict:
             "weight_sync_median_s": round(statistics.median(syncs), 3) if syncs else None}
 
 
+def run_group(cmd: list[str], timeout: float) -> None:
+    """Run ``cmd`` in its own process group and kill the whole group when it is over ``timeout`` or done: vLLM's
+    EngineCore child outlives a killed parent, and one kept a device call's console open past the call's limit
+    (bench/GPU_RESULTS.md section 9). Raises CalledProcessError / TimeoutExpired as ``subprocess.run`` does."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        if proc.wait(timeout=timeout) != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd[:2])
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # what is left of the group (the parent may be gone already)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+# the standalone engine's start (~40 s with a warm compile cache) and its warm-up and three rounds at 0.5B
+STANDALONE_ESTIMATE_S = 90
+
+
 def standalone(a, row: dict, left_s: float) -> dict:
     """The policy engine alone (``bench/vllm_generation_logprobs.py``: one ``AsyncLLMEngine``, the same model, each
     engine's share of the batch at once, upstream's request without log-probs, 3 rounds after a warm-up) against
@@ -456,8 +479,10 @@ def standalone(a, row: dict, left_s: float) -> dict:
            "--requests", str(a.prompts * a.samples // a.gpus), "--tokens", str(a.new_tokens), "--prompt-len", "32",
            "--rounds", "3", "--variants", "upstream,mismatch", "--gpu-memory-utilization", "0.3",
            "--models", a.models, "--out", out]
+    if left_s < STANDALONE_ESTIMATE_S:
+        return {"standalone": {"skipped": f"{left_s:.0f} s left, ~{STANDALONE_ESTIMATE_S} s needed"}}
     try:
-        subprocess.run(cmd, check=True, timeout=max(left_s, 1))
+        run_group(cmd, timeout=left_s)
         engine = json.load(open(out))
     except (subprocess.SubprocessError, OSError, ValueError) as e:
         return {"standalone": {"error": repr(e)[-500:]}}

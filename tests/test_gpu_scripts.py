@@ -9,6 +9,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -873,3 +874,30 @@ def test_the_fault_runs_refuse_an_unknown_scenario_before_any_run():
     res = subprocess.run([sys.executable, "bench/faults.py", "--scenarios", "rank-killed,disk-full"], cwd=REPO,
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
     assert res.returncode == 2 and "--scenarios: unknown ['disk-full']; known: rank-killed, sigterm-in-save" in res.stderr
+
+
+def test_the_standalone_engine_is_killed_with_its_children(tmp_path):
+    """``step_time.run_group``: a timed-out command's children die with it (vLLM's EngineCore outlived its killed
+    parent on the GPU and held the device call open past its limit), and a short budget skips the run in one line."""
+    step_time = _bench("step_time")
+    pid_file = tmp_path / "child.pid"
+    # the parent starts a child that would outlive it (as vLLM's EngineCore does), then hangs
+    cmd = [sys.executable, "-c", "import subprocess, sys, time; "
+           "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+           f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        step_time.run_group(cmd, timeout=3)
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the child {child} outlived the timed-out command")
+    with pytest.raises(subprocess.CalledProcessError):
+        step_time.run_group([sys.executable, "-c", "raise SystemExit(3)"], timeout=30)
+    a = SimpleNamespace(work=str(tmp_path), prompts=16, samples=8, gpus=1, new_tokens=512, models=str(tmp_path))
+    assert step_time.standalone(a, {}, left_s=41.9) == {
+        "standalone": {"skipped": f"42 s left, ~{step_time.STANDALONE_ESTIMATE_S} s needed"}}
