@@ -65,6 +65,9 @@ def test_set_zero_or_eager_leave_vllm_its_own_choice():
     assert CUDAGRAPH_ENV not in engine_env(_args(*run, "--vllm.enforce_eager"))
     assert engine_env(parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl",
                                   "--engine.backend", "hf", *run])) == {}
+    with pytest.raises(SystemExit, match="--engine.cudagraph_max_size sets vLLM's CUDA-graph capture; the HF"):
+        parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl", "--engine.backend", "hf",
+                    *run, "--engine.cudagraph_max_size", "40"])
     with pytest.raises(SystemExit):
         _args(*run, "--engine.cudagraph_max_size", "-1")
 

@@ -127,6 +127,30 @@ def wait_until_ready(engines: list) -> None:
         ray.get([engine.get_num_unfinished_requests.remote() for engine in engines])
 
 
+class _Background:
+    """A call run in a thread, its result (or exception) collected later."""
+
+    def __init__(self, fn):
+        import threading
+
+        self._out: tuple = (None, None)
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="classmate-engines")
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._out = (fn(), None)
+        except BaseException as e:  # noqa: BLE001  (re-raised in the launcher's thread by result())
+            self._out = (None, e)
+
+    def result(self):
+        self._thread.join()
+        value, error = self._out
+        if error is not None:
+            raise error
+        return value
+
+
 class EngineFactory:
     """Stands in for upstream ``create_vllm_engines``: HF engines for ``--engine.backend hf``; with classmate
     placement ``share`` the policy engines get an explicit placement group the classmate engines join.
@@ -137,11 +161,15 @@ class EngineFactory:
     factory object exists so that the classmate engines, created later by :class:`TrainerFactory`, can find the
     policy engines and their placement group (``share``) here."""
 
-    def __init__(self, args, clock: StartupClock | None = None):
+    def __init__(self, args, clock: StartupClock | None = None, fixed_kv: bool = False):
         self.args = args
         self.policy_pg = None
         self.policy_engines: list = []
         self.clock = clock or StartupClock()  # the engine groups' start-up seconds (integration/launch/startup.py)
+        # every vLLM engine has a fixed KV-cache size (--engine.kv_cache_gib, or the launcher's: engine_memory.plan),
+        # or the HF engines, which reserve nothing: no engine profiles GPU memory, so no group waits for another
+        self.fixed_kv = fixed_kv or args.engine.backend == "hf" or args.engine.kv_cache_gib is not None
+        self._early = None  # the classmate groups' start beside the policy engines' (a thread), see policy()
 
     def create(self, *args, **kwargs):
         """Engines of either group on the chosen backend; the arguments are ``create_vllm_engines``'s."""
@@ -183,14 +211,20 @@ class EngineFactory:
             bound["shared_pg"] = placement_group([{"GPU": 1, "CPU": 1}] * gpus, strategy="PACK")
             ray.get(bound["shared_pg"].ready())
         self.policy_pg = bound.get("shared_pg")
+        if self.fixed_kv and classmate_enabled(self.args):
+            # upstream's create_vllm_engines returns once the engines are up (asleep, with --vllm.enable_sleep): the
+            # classmate groups start now, beside them, instead of after them
+            self._early = _Background(self._classmate)
         with self.clock.phase("policy_engines"):
             self.policy_engines = self.create(**bound)
         return self.policy_engines
 
     def classmate(self) -> tuple[list[list], bool]:
-        """One engine group per classmate model; returns (groups, colocated with actor/ref)."""
+        """One engine group per classmate model; returns (groups, colocated with actor/ref). Started beside the
+        policy engines where none profiles memory: then ``classmate_engines`` is the time the launch waited for them
+        after the policy engines were up."""
         with self.clock.phase("classmate_engines"):
-            return self._classmate()
+            return self._early.result() if self._early is not None else self._classmate()
 
     def _classmate(self) -> tuple[list[list], bool]:
         args, cfg = self.args, self.args.classmate
@@ -200,8 +234,8 @@ class EngineFactory:
         elif cfg.placement == "share":
             shared_pg = self.policy_pg
         shares_a_gpu = cfg.placement != "separate"
-        # vLLM sizes its KV cache by profiling the GPU's free memory (unless --engine.kv_cache_gib fixes the size)
-        profiles = shares_a_gpu and args.engine.kv_cache_gib is None
+        # vLLM sizes its KV cache by profiling the GPU's free memory (unless its size is fixed)
+        profiles = shares_a_gpu and not self.fixed_kv
         if profiles:
             wait_until_ready(self.policy_engines)  # the policy engines may still be profiling GPU memory
         groups = []
@@ -259,6 +293,25 @@ class TrainerFactory:
         return self.handle
 
 
+def kv_cache_plan(args) -> dict[str, int]:
+    """The launcher's KV-cache size for each vLLM engine group (``integration/rollout/engine_memory.py``), one line
+    each; where it cannot size them, one line saying why the groups sharing a GPU start one after the other."""
+    from openrlhf_classmate.integration.classmate_config import log_resolved
+    from openrlhf_classmate.integration.rollout.engine_memory import GIB, plan
+
+    sizes, why = plan(args)
+    if sizes:
+        each = ", ".join(f"{size / GIB:.2f} GiB for {key.rsplit('|', 1)[0]} at {key.rsplit('|', 1)[1]}"
+                         for key, size in sorted(sizes.items()))
+        log_resolved(f"KV caches {each} (each engine's fraction of the GPU minus its weights and vLLM's reserve: no "
+                     "engine profiles the GPU, so the engine groups start side by side; --engine.profile_kv_cache "
+                     "lets vLLM size them)")
+    elif why is not None:
+        log_resolved(f"the vLLM engines size their KV caches by profiling GPU memory, groups sharing a GPU one after "
+                     f"the other: {why} (--engine.kv_cache_gib fixes a size)")
+    return sizes
+
+
 def run(args) -> TrainerFactory:
     """Train with parsed ``args``; returns the factory (its ``handle`` is the controller actor, for tests)."""
     import ray
@@ -269,11 +322,12 @@ def run(args) -> TrainerFactory:
 
     launched = mark_launch()
     clock = StartupClock()
+    kv_plan = kv_cache_plan(args)
     clock.seconds["launcher"] = time.time() - launched  # Python's imports, parsing, the preflight
     with clock.phase("ray"):
-        init_ray(args, {**reward_env(args), **engine_env(args)})
+        init_ray(args, {**reward_env(args), **engine_env(args, kv_plan)})
     patches.install_experience()
-    engines = EngineFactory(args, clock)
+    engines = EngineFactory(args, clock, fixed_kv=bool(kv_plan))
     trainer = TrainerFactory(args, engines)
     # from here upstream's train() finds our engine factory, actor class and trainer factory under its own names
     # (the table in integration/patches.py); it then runs unchanged

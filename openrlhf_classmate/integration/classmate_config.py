@@ -325,6 +325,15 @@ class EngineConfig:
                   "default_help": "unset (vLLM sizes the cache by profiling)",
                   "range": Bound(lo=0, lo_open=True, none_ok=True)},
     )
+    profile_kv_cache: bool = field(
+        default=False,
+        metadata={"help": "vllm backend: let vLLM size each engine's KV cache by profiling the GPU's free memory at "
+                          "start-up, engine groups sharing a GPU one after the other. Off (the default), the launcher "
+                          "works each group's size out from its --vllm.gpu_memory_utilization / "
+                          "--classmate.gpu_memory_utilization, the GPU's memory and the checkpoint's size "
+                          "(integration/rollout/engine_memory.py), so the groups start side by side; where it cannot "
+                          "(no GPU visible to the launcher, a hub id) the engines profile, with one line saying why"},
+    )
     cudagraph_max_size: int | None = field(
         default=None,
         metadata={"help": "vllm backend: the largest batch (in sequences) each engine captures a CUDA graph for "

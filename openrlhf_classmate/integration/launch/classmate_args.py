@@ -71,6 +71,14 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
     engine = args.engine
     if engine.kv_cache_gib is not None and engine.backend == "hf":
         _fail("--engine.kv_cache_gib sizes vLLM's KV cache; the HF engines (--engine.backend hf) have none: drop it")
+    if engine.backend == "hf":
+        for name, what in (("profile_kv_cache", "vLLM's KV-cache profiling"),
+                           ("cudagraph_max_size", "vLLM's CUDA-graph capture")):
+            if getattr(engine, name) != getattr(EngineConfig, name):
+                _fail(f"--engine.{name} sets {what}; the HF engines (--engine.backend hf) have none: drop it")
+    if engine.kv_cache_gib is not None and engine.profile_kv_cache:
+        _fail("--engine.kv_cache_gib fixes every engine's KV cache and --engine.profile_kv_cache lets vLLM size it by "
+              "profiling: drop one of the two")
     if engine.no_mismatch_metrics:
         for name in ("mismatch_warn_threshold", "mismatch_interval"):
             if getattr(engine, name) != getattr(EngineConfig, name):

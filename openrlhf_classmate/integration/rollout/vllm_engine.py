@@ -14,6 +14,7 @@ the classmate engines never, as the HF engine's counter does on CPU.
 
 from __future__ import annotations
 
+import json
 import os
 
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
@@ -26,6 +27,9 @@ UPSTREAM_WORKER_EXTENSION = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
 # --engine.kv_cache_gib reaches the engine actors through the environment (the launcher's Ray runtime env):
 # upstream's create_vllm_engines builds their keyword arguments and has no parameter for it
 KV_CACHE_ENV = "OPENRLHF_CLASSMATE_KV_CACHE_BYTES"
+# and so do the launcher's own sizes where the flag is unset (integration/rollout/engine_memory.py: JSON, one size per
+# model and fraction)
+KV_PLAN_ENV = "OPENRLHF_CLASSMATE_KV_CACHE_PLAN"
 # and so does the CUDA-graph capture cap of --engine.cudagraph_max_size
 CUDAGRAPH_ENV = "OPENRLHF_CLASSMATE_CUDAGRAPH_MAX"
 # vLLM's largest default capture size (CompilationConfig.max_cudagraph_capture_size: min(2 x max_num_seqs, 512))
@@ -58,16 +62,19 @@ def rollout_capture_size(args) -> int:
     return capture_size(most)
 
 
-def engine_env(args) -> dict[str, str]:
-    """The environment the engine actors read: the fixed KV-cache size of ``--engine.kv_cache_gib`` in bytes, and
-    the CUDA-graph capture cap (``--engine.cudagraph_max_size``; none with ``--vllm.enforce_eager``, which captures
-    nothing, or with 0, vLLM's own choice)."""
+def engine_env(args, kv_plan: dict[str, int] | None = None) -> dict[str, str]:
+    """The environment the engine actors read: the fixed KV-cache size of ``--engine.kv_cache_gib`` in bytes, or the
+    launcher's sizes (``kv_plan``, :func:`engine_memory.plan`), and the CUDA-graph capture cap
+    (``--engine.cudagraph_max_size``; none with ``--vllm.enforce_eager``, which captures nothing, or with 0, vLLM's
+    own choice)."""
     if args.engine.backend != "vllm":
         return {}
     env = {}
     gib = args.engine.kv_cache_gib
     if gib is not None:
         env[KV_CACHE_ENV] = str(int(gib * 2**30))
+    elif kv_plan:
+        env[KV_PLAN_ENV] = json.dumps(kv_plan, sort_keys=True)
     cap = args.engine.cudagraph_max_size
     cap = rollout_capture_size(args) if cap is None else cap
     if cap and not args.vllm.enforce_eager:
@@ -75,12 +82,23 @@ def engine_env(args) -> dict[str, str]:
     return env
 
 
+def planned_kv_bytes(kwargs: dict, environ=os.environ) -> int | None:
+    """This engine's size in the launcher's plan (:data:`KV_PLAN_ENV`), found by its model and fraction; None (vLLM
+    profiles) where the plan has none."""
+    from openrlhf_classmate.integration.rollout.engine_memory import plan_key
+
+    raw = environ.get(KV_PLAN_ENV)
+    if not raw or kwargs.get("gpu_memory_utilization") is None:
+        return None
+    return json.loads(raw).get(plan_key(kwargs.get("model", ""), kwargs["gpu_memory_utilization"]))
+
+
 def engine_kwargs(kwargs: dict, environ=os.environ) -> dict:
     """``vllm.AsyncEngineArgs`` keyword arguments with the launcher's fixed KV-cache size, if it set one: vLLM then
     reserves that many bytes instead of profiling the GPU's free memory (``kv_cache_memory_bytes``); its CUDA-graph
     capture cap (``max_cudagraph_capture_size``); and our worker extension (upstream's plus the bucketed weight load,
     ``weight_sync.BucketWorkerWrap``) where upstream names its own."""
-    size = environ.get(KV_CACHE_ENV)
+    size = environ.get(KV_CACHE_ENV) or planned_kv_bytes(kwargs, environ)
     out = {**kwargs, "kv_cache_memory_bytes": int(size)} if size else dict(kwargs)
     cap = environ.get(CUDAGRAPH_ENV)
     if cap and not out.get("enforce_eager"):

@@ -1,0 +1,120 @@
+"""The launcher's KV-cache sizes (``integration/rollout/engine_memory.py``): each vLLM engine group gets a fixed cache
+worked out from its fraction of the GPU, the GPU's memory and its checkpoint's size, so that no engine profiles the
+GPU and engine groups sharing one start side by side (``tests/test_trainer.py`` checks that start). The formula is
+checked against what vLLM itself measured on an H200 (``bench/GPU_RESULTS.md`` section 9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from openrlhf_classmate.integration.launch.args import parse_args
+from openrlhf_classmate.integration.rollout import engine_memory
+from openrlhf_classmate.integration.rollout.engine_memory import GIB, kv_bytes, plan, plan_key, weight_bytes
+from openrlhf_classmate.integration.rollout.vllm_engine import KV_CACHE_ENV, KV_PLAN_ENV, engine_env, engine_kwargs
+
+H200_BYTES = 143771 * 2**20  # nvidia-smi's memory.total on the lent H200
+
+
+def _model(tmp_path, name: str, size: int, pattern: str = "model.safetensors") -> str:
+    path = tmp_path / name
+    path.mkdir()
+    with open(path / pattern, "wb") as f:
+        f.truncate(size)  # sparse: the size is read, not the bytes
+    (path / "config.json").write_text("{}")
+    return str(path)
+
+
+def _args(*extra: str):
+    return parse_args(["--data.prompt_dataset", "d.jsonl", "--engine.backend", "vllm", "--vllm.num_engines", "1",
+                       "--rollout.n_samples_per_prompt", "4", *extra])
+
+
+def test_the_formula_stays_below_what_vllm_measured_on_an_h200():
+    # vLLM's own line for the 0.5B-shaped policy at 0.3 of the H200: 0.93 GiB of weights, 0.26 peak activation,
+    # 0.22 non-torch, 0.23 CUDA graphs; "--kv-cache-memory=43106829824 (40.15 GiB) to fit into requested memory"
+    size = kv_bytes(0.3, H200_BYTES, int(0.92 * GIB))
+    assert 39.5 * GIB < size <= 43106829824
+    # tensor parallelism splits the weights
+    assert kv_bytes(0.3, H200_BYTES, 16 * GIB, 2) == int(0.3 * H200_BYTES - 8 * GIB - (GIB + 0.2 * 8 * GIB))
+
+
+def test_weights_are_read_from_a_local_folder_only(tmp_path):
+    assert weight_bytes(_model(tmp_path, "st", 3000)) == 3000
+    assert weight_bytes(_model(tmp_path, "bin", 5000, "pytorch_model.bin")) == 5000
+    assert weight_bytes("Qwen/Qwen2.5-0.5B") is None  # a hub id
+    (tmp_path / "empty").mkdir()
+    assert weight_bytes(str(tmp_path / "empty")) is None
+
+
+def test_each_group_gets_its_size_and_the_engine_finds_its_own(tmp_path):
+    policy = _model(tmp_path, "policy", int(0.92 * GIB))
+    args = _args("--actor.model_name_or_path", policy, "--classmate.model_name_or_path", policy,
+                 "--vllm.gpu_memory_utilization", "0.3", "--classmate.gpu_memory_utilization", "0.2")
+    sizes, why = plan(args, total=H200_BYTES)
+    # the classmate is a frozen copy of the policy: the same model, two fractions, two sizes
+    assert why is None and sizes == {plan_key(policy, 0.3): kv_bytes(0.3, H200_BYTES, int(0.92 * GIB)),
+                                     plan_key(policy, 0.2): kv_bytes(0.2, H200_BYTES, int(0.92 * GIB))}
+    env = engine_env(args, sizes)
+    assert KV_CACHE_ENV not in env and json.loads(env[KV_PLAN_ENV]) == sizes
+    # each engine actor looks its own size up by the model and fraction upstream gives it
+    for util in (0.3, 0.2):
+        got = engine_kwargs({"model": policy, "gpu_memory_utilization": util}, environ=env)
+        assert got["kv_cache_memory_bytes"] == sizes[plan_key(policy, util)]
+    assert "kv_cache_memory_bytes" not in engine_kwargs({"model": policy, "gpu_memory_utilization": 0.5}, environ=env)
+
+
+def test_where_no_size_can_be_worked_out_the_engines_profile_and_the_plan_says_why(tmp_path):
+    policy = _model(tmp_path, "policy", GIB)
+    base = ["--actor.model_name_or_path", policy, "--classmate.model_name_or_path"]
+    assert plan(_args(*base, "org/classmate-hub-id"), total=H200_BYTES) == (
+        {}, "the classmate org/classmate-hub-id engines' model org/classmate-hub-id is not a local folder with weight "
+            "files to size by")
+    sizes, why = plan(_args(*base, policy, "--classmate.gpu_memory_utilization", "0.01"), total=H200_BYTES)
+    assert sizes == {} and why.startswith(f"the classmate {policy} engines' fraction 0.01 of 140.4 GiB leaves -")
+    # nothing to size: a fixed size, profiling asked for, HF engines
+    assert plan(_args(*base, policy, "--engine.kv_cache_gib", "2"), total=H200_BYTES) == ({}, None)
+    assert plan(_args(*base, policy, "--engine.profile_kv_cache"), total=H200_BYTES) == ({}, None)
+    with pytest.raises(SystemExit, match="drop one of the two"):
+        _args(*base, policy, "--engine.profile_kv_cache", "--engine.kv_cache_gib", "2")
+
+
+def test_the_gpu_memory_is_read_without_a_cuda_context(tmp_path, monkeypatch):
+    # a stand-in nvidia-smi on PATH answers as the real one does (MiB, no header); none on PATH: no GPU
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/argv"\necho 143771\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
+    assert engine_memory.gpu_total_bytes() == H200_BYTES
+    assert (smi.parent / "argv").read_text().split()[-2:] == ["-i", "3"]  # the first visible GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert engine_memory.gpu_total_bytes() is None  # no GPU visible
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert engine_memory.gpu_total_bytes() is None
+    policy = _model(tmp_path, "policy", GIB)
+    assert plan(_args("--actor.model_name_or_path", policy)) == (
+        {}, "no NVIDIA GPU visible to the launcher (nvidia-smi) to size the engines' KV caches by")
+
+
+def test_the_launcher_says_what_it_sized_in_one_line(tmp_path):
+    policy = _model(tmp_path, "policy", int(0.92 * GIB))
+    code = ("import sys; from openrlhf_classmate.cli.train_ppo_ray import kv_cache_plan; "
+            "from openrlhf_classmate.integration.launch.args import parse_args; "
+            "from openrlhf_classmate.integration.rollout import engine_memory as m; "
+            "m.gpu_total_bytes = lambda: 143771 * 2**20; "
+            "print(len(kv_cache_plan(parse_args(sys.argv[1:]))))")
+    out = subprocess.run([sys.executable, "-c", code, "--data.prompt_dataset", "d.jsonl", "--engine.backend", "vllm",
+                          "--vllm.num_engines", "1", "--actor.model_name_or_path", policy],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1"
+    lines = [x for x in out.stderr.splitlines() if "KV caches" in x]
+    # upstream's default fraction, 0.95 of the H200, minus 0.92 GiB of weights and the reserve
+    assert len(lines) == 1 and f"131.28 GiB for {policy} at 0.95" in lines[0] and "start side by side" in lines[0]
