@@ -5,6 +5,11 @@ import os
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
+# one OpenMP thread per test process and subprocess (the launcher passes it to its Ray workers): the suite runs two or
+# three pytest workers on two cores, each starting Ray and DeepSpeed processes, and under that load torch's two-thread
+# parallel regions wait on each other. The quick demo's warm-start ran 10-30x slower than alone (its module fixture
+# took 1164-1851 s); with one thread, 239 s, and the slow part 1249 s instead of 1571-2069 s
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # no test reaches the Hugging Face hub (tiny models are built on the fly): a hub id that slips into a test fails at
 # once instead of after ~47 s of retries against an unreachable host
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -850,13 +850,13 @@ def test_the_rollout_against_the_engine_alone_is_tokens_per_engine_over_the_stan
                              str(tmp_path), "--models", str(tmp_path / "models")])
     seen = {}
 
-    def run(cmd, check, timeout):
+    def run(cmd, timeout):
         seen["cmd"] = cmd
         out = cmd[cmd.index("--out") + 1]
         json.dump({"variants": {"upstream": {"tokens_per_s": 26_000}, "mismatch": {"tokens_per_s": 17_000}}},
                   open(out, "w"))
 
-    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(step_time, "run_group", run)  # the real one: test_the_standalone_engine_is_killed_...
     row = {"response_length": 512.0, "grpo": {"stats": {"timing/generation": {"median": 10.24}}},
            "gdpo": {"stats": {"timing/generation": {"median": 12.8}}}}
     got = step_time.standalone(a, row, 300)

@@ -67,7 +67,7 @@ def test_engine_factory_seeds_classmates_apart_and_uses_the_classmate_executor(m
 
 def test_engine_factory_forwards_upstreams_positional_call_unchanged(monkeypatch):
     # upstream train() passes the first twelve arguments of create_vllm_engines positionally
-    args = SimpleNamespace(engine=SimpleNamespace(backend="vllm", hf_max_batch=8),
+    args = SimpleNamespace(engine=SimpleNamespace(backend="vllm", hf_max_batch=8, kv_cache_gib=None),
                            classmate=SimpleNamespace(model_name_or_path=None, placement="separate"))
     factory = EngineFactory(args)
     seen = {}
