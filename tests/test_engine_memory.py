@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -103,18 +101,17 @@ def test_the_gpu_memory_is_read_without_a_cuda_context(tmp_path, monkeypatch):
         {}, "no NVIDIA GPU visible to the launcher (nvidia-smi) to size the engines' KV caches by")
 
 
-def test_the_launcher_says_what_it_sized_in_one_line(tmp_path):
+def test_the_launcher_says_what_it_sized_in_one_line(tmp_path, monkeypatch, capsys):
+    from openrlhf_classmate.cli.train_ppo_ray import kv_cache_plan
+
     policy = _model(tmp_path, "policy", int(0.92 * GIB))
-    code = ("import sys; from openrlhf_classmate.cli.train_ppo_ray import kv_cache_plan; "
-            "from openrlhf_classmate.integration.launch.args import parse_args; "
-            "from openrlhf_classmate.integration.rollout import engine_memory as m; "
-            "m.gpu_total_bytes = lambda: 143771 * 2**20; "
-            "print(len(kv_cache_plan(parse_args(sys.argv[1:]))))")
-    out = subprocess.run([sys.executable, "-c", code, "--data.prompt_dataset", "d.jsonl", "--engine.backend", "vllm",
-                          "--vllm.num_engines", "1", "--actor.model_name_or_path", policy],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "1"
-    lines = [x for x in out.stderr.splitlines() if "KV caches" in x]
+    monkeypatch.setattr(engine_memory, "gpu_total_bytes", lambda: H200_BYTES)
+    capsys.readouterr()
+    assert len(kv_cache_plan(_args("--actor.model_name_or_path", policy))) == 1
+    lines = [x for x in capsys.readouterr().err.splitlines() if "KV caches" in x]
     # upstream's default fraction, 0.95 of the H200, minus 0.92 GiB of weights and the reserve
     assert len(lines) == 1 and f"131.28 GiB for {policy} at 0.95" in lines[0] and "start side by side" in lines[0]
+    # a hub id: the engines profile, and one line says why
+    assert kv_cache_plan(_args("--actor.model_name_or_path", "org/hub-id")) == {}
+    lines = [x for x in capsys.readouterr().err.splitlines() if "profiling" in x]
+    assert len(lines) == 1 and "the policy engines' model org/hub-id is not a local folder" in lines[0]
