@@ -7,9 +7,6 @@ is measured on the GPU (``bench/GPU_RESULTS.md``)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-
 import pytest
 
 from openrlhf_classmate.integration.launch.args import parse_args
@@ -72,36 +69,12 @@ def test_set_zero_or_eager_leave_vllm_its_own_choice():
         _args(*run, "--engine.cudagraph_max_size", "-1")
 
 
-class _Constructed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("cap,eager", [(None, False), ("128", False), ("128", True)])
 def test_the_engine_actor_gives_vllm_the_cap_through_upstreams_init(monkeypatch, cap, eager):
-    import vllm
-    from openrlhf.trainer.ray import vllm_engine as upstream
+    from openrlhf_classmate.testing.engine_args import engine_args_seen
 
-    from openrlhf_classmate.integration.rollout.vllm_engine import CountingRolloutActor
-
-    seen = {}
-
-    def engine_args(*args, **kwargs):
-        seen.update(kwargs)
-        raise _Constructed
-
-    monkeypatch.setattr(upstream.vllm, "AsyncEngineArgs", engine_args)
-    monkeypatch.setattr(vllm, "__version__", "0.26.0", raising=False)
-    for name in ("VLLM_ALLOW_INSECURE_SERIALIZATION", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.setenv(name, os.environ.get(name, ""))
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    if cap is None:
-        monkeypatch.delenv(CUDAGRAPH_ENV, raising=False)
-    else:
-        monkeypatch.setenv(CUDAGRAPH_ENV, cap)
-    actor = object.__new__(CountingRolloutActor)
-    with pytest.raises(_Constructed):
-        asyncio.run(actor.__init__(model="m", num_gpus=0.2, distributed_executor_backend="uni", seed=3,
-                                   enforce_eager=eager))
+    seen = engine_args_seen(monkeypatch, {CUDAGRAPH_ENV: cap}, model="m", num_gpus=0.2,
+                            distributed_executor_backend="uni", seed=3, enforce_eager=eager)
     assert seen["model"] == "m" and seen["enforce_eager"] is eager
     if cap is None or eager:
         assert "max_cudagraph_capture_size" not in seen

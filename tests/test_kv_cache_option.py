@@ -6,9 +6,7 @@ construction). vLLM itself is checked on the GPU (``bench/GPU_RESULTS.md`` secti
 
 from __future__ import annotations
 
-import asyncio
 import math
-import os
 
 import pytest
 
@@ -40,38 +38,15 @@ def test_the_launcher_passes_the_size_in_bytes_to_the_engine_actors():
     assert KV_CACHE_ENV.startswith("OPENRLHF_CLASSMATE_")  # init_ray forwards these to every Ray worker
 
 
-class _Constructed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("size", [None, str(2 * 2**30)])
 def test_the_engine_actor_gives_vllm_the_size_through_upstreams_init(monkeypatch, size):
-    """Upstream's ``RolloutRayActor.__init__`` runs unchanged up to ``vllm.AsyncEngineArgs(...)``, which records
-    its keyword arguments here (the CPU has no vLLM engine to build)."""
-    import vllm
-    from openrlhf.trainer.ray import vllm_engine as upstream
+    """Upstream's ``RolloutRayActor.__init__`` runs unchanged up to ``vllm.AsyncEngineArgs(...)`` (``testing/
+    engine_args.py``: the CPU has no vLLM engine to build)."""
+    from openrlhf_classmate.integration.rollout.vllm_engine import KV_CACHE_ENV
+    from openrlhf_classmate.testing.engine_args import engine_args_seen
 
-    from openrlhf_classmate.integration.rollout.vllm_engine import KV_CACHE_ENV, CountingRolloutActor
-
-    seen = {}
-
-    def engine_args(*args, **kwargs):
-        seen.update(kwargs)
-        raise _Constructed
-
-    monkeypatch.setattr(upstream.vllm, "AsyncEngineArgs", engine_args)
-    monkeypatch.setattr(vllm, "__version__", "0.26.0", raising=False)
-    for name in ("VLLM_ALLOW_INSECURE_SERIALIZATION", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.setenv(name, os.environ.get(name, ""))  # upstream's init sets them; restored afterwards
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # in a Ray worker upstream reads it from the driver
-    if size is None:
-        monkeypatch.delenv(KV_CACHE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(KV_CACHE_ENV, size)
-    actor = object.__new__(CountingRolloutActor)
-    with pytest.raises(_Constructed):
-        asyncio.run(actor.__init__(model="m", num_gpus=0.2, distributed_executor_backend="uni", seed=3,
-                                   gpu_memory_utilization=0.2))
+    seen = engine_args_seen(monkeypatch, {KV_CACHE_ENV: size}, model="m", num_gpus=0.2,
+                            distributed_executor_backend="uni", seed=3, gpu_memory_utilization=0.2)
     assert seen["model"] == "m" and seen["seed"] == 3 and seen["gpu_memory_utilization"] == 0.2
     if size is None:
         assert "kv_cache_memory_bytes" not in seen
