@@ -129,10 +129,10 @@ def test_engines_sharing_a_gpu_start_one_group_at_a_time(monkeypatch):
         "ready b"]
 
 
-def _factory_log_waiting(monkeypatch, placement, kv_cache_gib=None, fixed_kv=False):
+def _factory_log_waiting(monkeypatch, placement, kv_cache_gib=None, fixed_kv=False, wait_s=5.0):
     """As :func:`_factory_log`, with a policy group whose creation, like upstream's create_vllm_engines under
     --vllm.enable_sleep, returns only when its engines are up: here, once both classmate groups were created or
-    after 5 s. So the log shows whether the classmate groups started while the policy's were starting."""
+    after ``wait_s``. So the log shows whether the classmate groups started while the policy's were starting."""
     import threading
     import time
 
@@ -150,8 +150,8 @@ def _factory_log_waiting(monkeypatch, placement, kv_cache_gib=None, fixed_kv=Fal
             both.set()
         if kw["pretrain"] == "policy":
             t0 = time.time()
-            both.wait(timeout=5)
-            log.append(f"policy up{' (waited for nothing)' if time.time() - t0 > 4.5 else ''}")
+            both.wait(timeout=wait_s)
+            log.append(f"policy up{' (waited for nothing)' if time.time() - t0 > 0.9 * wait_s else ''}")
         return [_ReadyEngine(kw["pretrain"], log)]
 
     monkeypatch.setattr(factory, "create", create)
@@ -169,8 +169,8 @@ def test_engines_with_a_fixed_kv_cache_start_together_on_a_shared_gpu(monkeypatc
             assert sorted(log[:3]) == sorted(["create policy pg=policy-pg", f"create a pg={pg}",
                                               f"create b pg={pg}"]), log
             assert log[3:] == ["policy up"] and log.index("create a pg=" + pg) < log.index("create b pg=" + pg)
-    # profiling: the classmate groups wait for the policy's (which here gives up waiting for them after 5 s)
-    assert _factory_log_waiting(monkeypatch, "share") == [
+    # profiling: the classmate groups wait for the policy's (which here gives up waiting for them after 1 s)
+    assert _factory_log_waiting(monkeypatch, "share", wait_s=1.0) == [
         "create policy pg=policy-pg", "policy up (waited for nothing)", "ready policy", "create a pg=policy-pg",
         "ready a", "create b pg=policy-pg", "ready b"]
 
