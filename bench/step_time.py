@@ -60,7 +60,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import sys
 import time
@@ -71,7 +70,7 @@ import openrlhf_classmate  # noqa: E402,F401
 from openrlhf_classmate.demo.launch import parse_step_line  # noqa: E402
 from openrlhf_classmate.integration.bench_switches import ALTERNATE_ENV, parse_changes  # noqa: E402
 from openrlhf_classmate.integration.bench_switches import BEFORE_ENV as BENCH_BEFORE_ENV  # noqa: E402
-from openrlhf_classmate.testing.e2e import WORDS, run_launcher, tensorboard_scalars  # noqa: E402
+from openrlhf_classmate.testing.e2e import WORDS, kill_session, run_launcher, tensorboard_scalars  # noqa: E402
 from openrlhf_classmate.testing.watchdog import HARD_TIMEOUT  # noqa: E402
 
 # GDPO / GRPO step-time targets: one GPU runs the classmate stage between sleeping engines, two GPUs overlap it with
@@ -456,11 +455,7 @@ def run_group(cmd: list[str], timeout: float) -> None:
         if proc.wait(timeout=timeout) != 0:
             raise subprocess.CalledProcessError(proc.returncode, cmd[:2])
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # what is left of the group (the parent may be gone already)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_session(proc)  # what is left of the group (the parent may be gone already)
 
 
 # the standalone engine's start (~40 s with a warm compile cache) and its warm-up and three rounds at 0.5B
@@ -867,7 +862,8 @@ def main() -> None:
                  f"{a.classmate_new_tokens} new tokens",
         "target": TARGETS[a.gpus], "mismatch": a.mismatch, "is_correction": a.is_correction,
         "before": a.before, "gdpo_only": gdpo_only(a), "dispatch": a.dispatch,
-        "seed_requests": a.seed_requests, "layout": layout(a), "cudagraph_max": a.cudagraph_max, "samples_per_gpu": a.prompts * a.samples // a.gpus,
+        "seed_requests": a.seed_requests, "layout": layout(a), "cudagraph_max": a.cudagraph_max,
+        "samples_per_gpu": a.prompts * a.samples // a.gpus,
         "runs": {},
     }
     os.makedirs(a.out, exist_ok=True)

@@ -100,16 +100,30 @@ def _placement_args(placement, kv_cache_gib=None):
     )
 
 
-def _factory_log(monkeypatch, placement, kv_cache_gib=None):
+def _factory_log(monkeypatch, placement, kv_cache_gib=None, fixed_kv=False, wait_s=0.0):
+    """What the engine factory creates and waits for, in order. With ``wait_s``, the policy group's creation, like
+    upstream's create_vllm_engines under --vllm.enable_sleep, returns only when its engines are up: here, once both
+    classmate groups were created or after ``wait_s``. So the log shows whether the classmate groups started while
+    the policy's were starting."""
+    import threading
+    import time
+
     from openrlhf_classmate.integration import patches
 
     log = []
+    both = threading.Event()
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     monkeypatch.setattr(patches, "recorded_placement_groups", lambda: ["actor-pg"])
-    factory = EngineFactory(_placement_args(placement, kv_cache_gib))
+    factory = EngineFactory(_placement_args(placement, kv_cache_gib), fixed_kv=fixed_kv)
 
     def create(**kw):
         log.append(f"create {kw['pretrain']} pg={kw['shared_pg']}")
+        if kw["pretrain"] == "b":
+            both.set()
+        if kw["pretrain"] == "policy" and wait_s:
+            t0 = time.time()
+            both.wait(timeout=wait_s)
+            log.append(f"policy up{' (waited for nothing)' if time.time() - t0 > 0.9 * wait_s else ''}")
         return [_ReadyEngine(kw["pretrain"], log)]
 
     monkeypatch.setattr(factory, "create", create)
@@ -129,48 +143,17 @@ def test_engines_sharing_a_gpu_start_one_group_at_a_time(monkeypatch):
         "ready b"]
 
 
-def _factory_log_waiting(monkeypatch, placement, kv_cache_gib=None, fixed_kv=False, wait_s=5.0):
-    """As :func:`_factory_log`, with a policy group whose creation, like upstream's create_vllm_engines under
-    --vllm.enable_sleep, returns only when its engines are up: here, once both classmate groups were created or
-    after ``wait_s``. So the log shows whether the classmate groups started while the policy's were starting."""
-    import threading
-    import time
-
-    from openrlhf_classmate.integration import patches
-
-    log = []
-    both = threading.Event()
-    monkeypatch.setattr(ray, "get", lambda refs: refs)
-    monkeypatch.setattr(patches, "recorded_placement_groups", lambda: ["actor-pg"])
-    factory = EngineFactory(_placement_args(placement, kv_cache_gib), fixed_kv=fixed_kv)
-
-    def create(**kw):
-        log.append(f"create {kw['pretrain']} pg={kw['shared_pg']}")
-        if kw["pretrain"] == "b":
-            both.set()
-        if kw["pretrain"] == "policy":
-            t0 = time.time()
-            both.wait(timeout=wait_s)
-            log.append(f"policy up{' (waited for nothing)' if time.time() - t0 > 0.9 * wait_s else ''}")
-        return [_ReadyEngine(kw["pretrain"], log)]
-
-    monkeypatch.setattr(factory, "create", create)
-    factory.policy(1, 1, "policy", 1, False, False, True, 64, "policy-pg", 0.2, False, None)
-    factory.classmate()
-    return log
-
-
 def test_engines_with_a_fixed_kv_cache_start_together_on_a_shared_gpu(monkeypatch):
     # a fixed KV cache (--engine.kv_cache_gib, or the launcher's own sizes: engine_memory.plan): vLLM does not
     # profile the GPU's memory, so the classmate groups start while the policy's are starting, no group waits
     for placement, pg in (("share", "policy-pg"), ("colocate", "actor-pg")):
         for fixed in ({"kv_cache_gib": 2.0}, {"fixed_kv": True}):
-            log = _factory_log_waiting(monkeypatch, placement, **fixed)
+            log = _factory_log(monkeypatch, placement, wait_s=5.0, **fixed)
             assert sorted(log[:3]) == sorted(["create policy pg=policy-pg", f"create a pg={pg}",
                                               f"create b pg={pg}"]), log
             assert log[3:] == ["policy up"] and log.index("create a pg=" + pg) < log.index("create b pg=" + pg)
     # profiling: the classmate groups wait for the policy's (which here gives up waiting for them after 1 s)
-    assert _factory_log_waiting(monkeypatch, "share", wait_s=1.0) == [
+    assert _factory_log(monkeypatch, "share", wait_s=1.0) == [
         "create policy pg=policy-pg", "policy up (waited for nothing)", "ready policy", "create a pg=policy-pg",
         "ready a", "create b pg=policy-pg", "ready b"]
 

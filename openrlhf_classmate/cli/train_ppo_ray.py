@@ -128,7 +128,8 @@ def wait_until_ready(engines: list) -> None:
 
 
 class _Background:
-    """A call run in a thread, its result (or exception) collected later."""
+    """A call run in a thread, its result (or exception) collected later. A daemon thread, not a ThreadPoolExecutor,
+    whose worker Python joins at exit: a launcher that fails meanwhile must not wait on engines that never start."""
 
     def __init__(self, fn):
         import threading
