@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from openrlhf_classmate.algo.response_split import load_stop_token_ids
+from openrlhf_classmate.integration.rollout import tokenizer_handle
 
 
 @dataclass
@@ -285,6 +286,10 @@ class HFEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return self._in_flight
+
+    def remember_tokenizer(self, key: str, tokenizer) -> None:
+        """Keep the rollout's tokenizer, which later calls name by key (``tokenizer_handle.py``)."""
+        tokenizer_handle.remember(key, tokenizer)
 
     # ── lifecycle (no GPU memory to release: bookkeeping only, so callers' sleep/wake order is observable) ──
 

@@ -37,6 +37,7 @@ from openrlhf_classmate.integration.rollout.main_scores import (
     no_valid_score_yet,
     warn_nonfinite_main,
 )
+from openrlhf_classmate.integration.rollout.tokenizer_handle import TokenizerShipping
 
 logger = init_logger(__name__)
 
@@ -125,6 +126,18 @@ class ClassmateSamplesGenerator(SamplesGenerator):
             self._nonfinite += invalidate_nonfinite_main([experience])
         self._process_s += time.perf_counter() - start
         return experience
+
+    def _dispatch_prompts_to_vllm(self, prompts, labels, **kwargs):
+        # upstream passes self.tokenizer in every engine call (pickled and unpickled per prompt group, seconds per
+        # rollout at a 152k vocabulary): the engines get it once and each call a handle (tokenizer_handle.py)
+        if not hasattr(self, "_tokenizer_shipping"):
+            self._tokenizer_shipping = TokenizerShipping()
+        tokenizer = self.tokenizer
+        self.tokenizer = self._tokenizer_shipping.handle_for(self.vllm_engines, tokenizer)
+        try:
+            return super()._dispatch_prompts_to_vllm(prompts, labels, **kwargs)
+        finally:
+            self.tokenizer = tokenizer
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
         self._vllm_start = time.perf_counter()

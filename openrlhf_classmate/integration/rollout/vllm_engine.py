@@ -19,6 +19,7 @@ import os
 
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
+from openrlhf_classmate.integration.rollout import tokenizer_handle
 from openrlhf_classmate.integration.training.weight_sync import WORKER_EXTENSION
 
 # the worker extension upstream's create_vllm_engines names (checked by tests/test_weight_sync.py against its source)
@@ -117,6 +118,10 @@ class CountingRolloutActor(RolloutRayActor.__ray_actor_class__):
 
     async def __init__(self, *args, **kwargs):
         await super().__init__(*args, **engine_kwargs(kwargs))
+
+    def remember_tokenizer(self, key: str, tokenizer) -> None:
+        """Keep the rollout's tokenizer, which later calls name by key (``tokenizer_handle.py``)."""
+        tokenizer_handle.remember(key, tokenizer)
 
     def _count(self, last: bool) -> None:
         self._num_weights_received += 1
