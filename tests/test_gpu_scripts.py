@@ -455,13 +455,15 @@ def test_several_changes_misuse_is_refused(changes, capsys, argv, message):
 
 def test_the_recorded_pairs_are_refused_and_the_open_ones_parse(capsys):
     # the recorded pairs' before paths are gone (bench_switches): --before dispatch is refused before any run; the
-    # one-GPU overheads' pairs (the per-parameter weight sync, log-probs on every step) parse
+    # one-GPU overheads' pairs (the per-parameter weight sync, log-probs on every step, the tokenizer in every
+    # dispatched call) parse
     step_time = _bench("step_time")
     with pytest.raises(SystemExit):
         step_time.parse_cli(["--interleave", "--before", "dispatch"])
-    assert "--before dispatch: a comma-separated list of weightsync, mismatch, each at most once" in (
+    assert "--before dispatch: a comma-separated list of weightsync, mismatch, tokenizer, each at most once" in (
         capsys.readouterr().err)
     assert step_time.parse_cli(["--interleave", "--before", "weightsync,mismatch"]).before == "weightsync,mismatch"
+    assert step_time.parse_cli(["--interleave", "--before", "tokenizer"]).before == "tokenizer"
 
 
 def _call(ratio: float, paired: float, steady: int) -> dict:

@@ -28,7 +28,8 @@ BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
 # one run (bench/step_time.py --interleave --before ...):
 #   weightsync: upstream's per-parameter CUDA-IPC weight sync (the actor's own sync count; integration/training/actor.py)
 #   mismatch:   the sampled tokens' log-probs requested on every step (integration/rollout/samples_generator.py)
-BEFORE_CHANGES: tuple[str, ...] = ("weightsync", "mismatch")
+#   tokenizer:  upstream's dispatch, the tokenizer pickled into every prompt group's call (samples_generator.py)
+BEFORE_CHANGES: tuple[str, ...] = ("weightsync", "mismatch", "tokenizer")
 
 
 def alternating() -> bool:

@@ -130,6 +130,8 @@ class ClassmateSamplesGenerator(SamplesGenerator):
     def _dispatch_prompts_to_vllm(self, prompts, labels, **kwargs):
         # upstream passes self.tokenizer in every engine call (pickled and unpickled per prompt group, seconds per
         # rollout at a 152k vocabulary): the engines get it once and each call a handle (tokenizer_handle.py)
+        if bench_switches.before_path(self.rollout_batches) == "tokenizer":
+            return super()._dispatch_prompts_to_vllm(prompts, labels, **kwargs)
         if not hasattr(self, "_tokenizer_shipping"):
             self._tokenizer_shipping = TokenizerShipping()
         tokenizer = self.tokenizer
