@@ -1,7 +1,14 @@
 """Shared pytest setup. The package import installs the CPU shims before any openrlhf import in the tests."""
 
 import os
+import sys
 
+# bytecode caches: an environment with PYTHONDONTWRITEBYTECODE set (as this machine's shell) made every test process
+# recompile this repository's modules, and pytest rewrite the asserts of every test module, on each import: ~5 s of
+# each pytest worker's collection and more in every subprocess the tests start. Python checks each cache against its
+# source's mtime and size, so a changed file is recompiled; the caches are git-ignored
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -25,6 +32,20 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
 
 # slow_guard: a test that starts Ray, DeepSpeed, the launcher or the demo must be marked slow (the fast loop skips it)
 pytest_plugins = ["pytester", "openrlhf_classmate.testing.slow_guard"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the marks under --dist loadgroup
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` (the slow part) each test goes to the next free worker, except that the tests of a
+    module that share a module-scoped fixture (the quick demo, the plain-GRPO run) form one group on one worker, so
+    that the fixture's run is made once. (``--dist loadfile`` ignores the groups.)"""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs}
+        if "module" in scopes:
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.path.name}"))
 
 
 @pytest.fixture(scope="session")

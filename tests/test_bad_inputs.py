@@ -1055,7 +1055,10 @@ def test_bad_input(case: Case, w: dict, tmp_path: Path):
 def test_launcher_subprocess(w: dict, extra: list[str], code: int, needle: str):
     """The real command: ``--check`` exits 0 or prints one error line, before Ray starts (no Ray session)."""
     argv = [sys.executable, "-m", "openrlhf_classmate.cli.train_ppo_ray", "--check", *launcher_argv(w, *extra)]
-    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1")  # a Ray start would fail loudly: --check never starts it
+    # a Ray start would fail loudly (the launcher refuses a dashboard address in one error line): --check never starts
+    # it. A dashboard address, not a GCS one: the preflight's count of the cluster's GPUs gets its refusal at once
+    # (a dead GCS address such as 127.0.0.1:1 left it waiting out its 15 s limit)
+    env = dict(os.environ, RAY_ADDRESS="http://127.0.0.1:1")
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == code, proc.stderr[-2000:]
     assert needle in (proc.stdout if code == 0 else proc.stderr)
