@@ -115,3 +115,54 @@ def test_the_launcher_says_what_it_sized_in_one_line(tmp_path, monkeypatch, caps
     assert kv_cache_plan(_args("--actor.model_name_or_path", "org/hub-id")) == {}
     lines = [x for x in capsys.readouterr().err.splitlines() if "profiling" in x]
     assert len(lines) == 1 and "the policy engines' model org/hub-id is not a local folder" in lines[0]
+
+
+# ── whether the actor/ref models load while the engines start (the launcher's models_while_engines_start) ──
+
+
+def test_the_models_load_beside_the_awake_engines_only_where_they_fit(tmp_path):
+    from openrlhf_classmate.integration.rollout.engine_memory import models_beside_engines
+
+    policy = _model(tmp_path, "policy", int(0.93 * GIB))  # Qwen2.5-0.5B's bf16 weights
+    args = _args("--actor.model_name_or_path", policy, "--vllm.gpu_memory_utilization", "0.3",
+                 "--actor.num_gpus_per_node", "1")
+    # engines 0.3 x 140.4 = 42.1 GiB; actor 2 x 0.93 + Adam 6 x 0.93 = 7.44 GiB; reference 0.93 GiB; margin 2 GiB
+    fits, why = models_beside_engines(args, total=H200_BYTES)
+    assert fits and why == ("the engines' 42.1 GiB + the actor's 7.4 GiB + the reference's 0.9 GiB + 2 GiB <= "
+                            "140.4 GiB")
+    big = _model(tmp_path, "big", 15 * GIB)  # an 8B policy: 150 GiB of state
+    fits, why = models_beside_engines(_args("--actor.model_name_or_path", big, "--actor.num_gpus_per_node", "1"),
+                                      total=H200_BYTES)
+    assert not fits and "the actor's 120.0 GiB" in why and "> 140.4 GiB" in why
+    # Adam on the CPU, the reference offloaded, ZeRO-3 over 8 GPUs: it fits
+    fits, why = models_beside_engines(_args("--actor.model_name_or_path", big, "--vllm.gpu_memory_utilization", "0.5",
+                                            "--ds.adam_offload", "--ref.offload", "--ds.zero_stage", "3",
+                                            "--actor.num_gpus_per_node", "8"), total=H200_BYTES)
+    assert fits and "the actor's 3.8 GiB + the reference's 0.0 GiB" in why
+    assert models_beside_engines(_args("--actor.model_name_or_path", "org/hub-id"), total=H200_BYTES) == (
+        False, "the policy org/hub-id is not a local folder with weight files to size by")
+    assert models_beside_engines(args, total=None)[0] in (True, False)  # reads nvidia-smi: no GPU here -> False
+
+
+def test_the_launcher_says_in_one_line_whether_the_models_wait_for_the_engines(tmp_path, monkeypatch, capsys):
+    from openrlhf_classmate.cli.train_ppo_ray import models_while_engines_start
+
+    policy = _model(tmp_path, "policy", int(0.93 * GIB))
+    monkeypatch.setattr(engine_memory, "gpu_total_bytes", lambda: H200_BYTES)
+    sized = {"x": 1}
+    capsys.readouterr()
+    args = _args("--actor.model_name_or_path", policy, "--vllm.gpu_memory_utilization", "0.3",
+                 "--actor.num_gpus_per_node", "1", "--vllm.enable_sleep", "--train.colocate_all")
+    assert models_while_engines_start(args, sized) is True
+    assert "the actor/ref models load while the vLLM engines start (the engines' 42.1 GiB" in capsys.readouterr().err
+    assert models_while_engines_start(args, {}) is False  # the engines profile memory: the models wait
+    assert "load after the vLLM engines are up: the engines profile GPU memory" in capsys.readouterr().err
+    big = _model(tmp_path, "big", 15 * GIB)
+    assert models_while_engines_start(_args("--actor.model_name_or_path", big, "--vllm.enable_sleep",
+                                            "--train.colocate_all"), sized) is False
+    assert "after the vLLM engines are up and asleep, as upstream does: the engines'" in capsys.readouterr().err
+    # no sleep (upstream does not wait for the engines then), or the HF engines: nothing to decide, nothing said
+    assert models_while_engines_start(_args("--actor.model_name_or_path", policy), sized) is False
+    assert models_while_engines_start(_args("--actor.model_name_or_path", policy, "--vllm.enable_sleep",
+                                            "--train.colocate_all", "--engine.backend", "hf"), sized) is False
+    assert "actor/ref models" not in capsys.readouterr().err

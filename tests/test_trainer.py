@@ -348,3 +348,34 @@ def test_a_run_whose_classmate_scores_are_all_invalid_stops_like_one_without_mai
         plan[:] = [first] + [broken] * 4
         for step in range(5):
             trainer.train_step(samples, step)
+
+
+def test_the_first_step_waits_for_engines_still_starting_and_the_breakdown_names_the_wait(monkeypatch):
+    # models_while_engines_start: the launcher hands the controller the engines' first sleeps (refs); fit waits for
+    # them before the first step, and the start-up breakdown reports that wait as engines_ready
+    import time
+
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+
+    from openrlhf_classmate.integration.launch.args import parse_args
+    from openrlhf_classmate.integration.launch.startup import LAUNCH_ENV
+
+    waited = []
+    monkeypatch.setattr(ray, "get", lambda refs: waited.append(list(refs)) or time.sleep(0.3))
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "fit", lambda self: "fitted")
+    monkeypatch.setattr(PPOTrainer.__ray_actor_class__, "train_step", lambda self, samples, step: ({}, step + 1))
+    monkeypatch.setenv(LAUNCH_ENV, repr(time.time() - 10))
+    trainer = ClassmatePPOTrainer.__new__(ClassmatePPOTrainer)
+    trainer.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl"])
+    trainer.classmate_stage, trainer.judge_client = None, None
+    trainer._startup = {"seconds": {"launcher": 1.0}, "handed_over": time.time() - 2,
+                        "engines_starting": ["sleep-ref-1", "sleep-ref-2"]}
+    assert trainer.fit() == "fitted" and waited == [["sleep-ref-1", "sleep-ref-2"]]
+    status, _ = trainer.train_step([], 0)
+    assert 1.9 < status["startup/models_s"] < 2.2 and 0.3 <= status["startup/engines_ready_s"] < 0.6
+    assert status["startup/step_1_s"] < 0.2
+    # nothing handed over (upstream's order): no wait, no such phase
+    waited.clear()
+    trainer._startup = {"seconds": {}, "handed_over": time.time()}
+    trainer.fit()
+    assert waited == [] and "startup/engines_ready_s" not in trainer.train_step([], 0)[0]

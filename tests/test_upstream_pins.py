@@ -113,3 +113,17 @@ def test_upstream_cli_main_block_is_still_reusable():
 
     build, post, _ = _upstream_main_block()
     assert len(build) > 100 and len(post) > 10
+
+
+def test_the_calls_the_start_up_and_the_tokenizer_handle_rely_on():
+    # patches.engine_sleep_deferred replaces the one call that makes create_vllm_engines wait for its engines;
+    # ClassmateSamplesGenerator swaps self.tokenizer around upstream's dispatch, which passes it in every call
+    import inspect
+
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from openrlhf.trainer.ray import vllm_engine
+
+    create = inspect.getsource(vllm_engine.create_vllm_engines)
+    assert 'batch_vllm_engine_call(vllm_engines, "sleep")' in create and create.count("batch_vllm_engine_call") == 1
+    dispatch = inspect.getsource(SamplesGenerator._dispatch_prompts_to_vllm)
+    assert "hf_tokenizer=self.tokenizer" in dispatch and dispatch.count("self.tokenizer") == 1

@@ -8,6 +8,7 @@ and then calls upstream's own ``train(args)``: without ``--classmate.model_name_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -162,7 +163,7 @@ class EngineFactory:
     factory object exists so that the classmate engines, created later by :class:`TrainerFactory`, can find the
     policy engines and their placement group (``share``) here."""
 
-    def __init__(self, args, clock: StartupClock | None = None, fixed_kv: bool = False):
+    def __init__(self, args, clock: StartupClock | None = None, fixed_kv: bool = False, defer_sleep: bool = False):
         self.args = args
         self.policy_pg = None
         self.policy_engines: list = []
@@ -171,6 +172,11 @@ class EngineFactory:
         # or the HF engines, which reserve nothing: no engine profiles GPU memory, so no group waits for another
         self.fixed_kv = fixed_kv or args.engine.backend == "hf" or args.engine.kv_cache_gib is not None
         self._early = None  # the classmate groups' start beside the policy engines' (a thread), see policy()
+        # the actor/ref models load while the vLLM engines start (models_while_engines_start): upstream's
+        # create_vllm_engines then returns without waiting for its engines' first sleep, whose refs gather here for
+        # the controller to wait on before the first step
+        self.defer_sleep = defer_sleep
+        self.sleeping: list = []
 
     def create(self, *args, **kwargs):
         """Engines of either group on the chosen backend; the arguments are ``create_vllm_engines``'s."""
@@ -180,7 +186,8 @@ class EngineFactory:
             return create_hf_engines(*args, max_batch=self.args.engine.hf_max_batch, **kwargs)
         from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
 
-        return create_vllm_engines(*args, **kwargs)
+        with patches.engine_sleep_deferred(self.sleeping) if self.defer_sleep else contextlib.nullcontext():
+            return create_vllm_engines(*args, **kwargs)
 
     def policy(self, *args, **kwargs):
         """Called by upstream ``train()`` in place of ``create_vllm_engines``, with its arguments (partly
@@ -287,9 +294,10 @@ class TrainerFactory:
         import ray
 
         groups, colocated = self.engines.classmate() if classmate_enabled(self.args) else ([], False)
+        startup = self.engines.clock.hand_over()
+        startup["engines_starting"] = list(self.engines.sleeping)  # refs, passed as such (nested in the dict)
         self.handle = ray.remote(self.trainer_cls).remote(
-            *args, classmate_engines=groups, classmate_colocated=colocated, startup=self.engines.clock.hand_over(),
-            **kwargs
+            *args, classmate_engines=groups, classmate_colocated=colocated, startup=startup, **kwargs
         )
         return self.handle
 
@@ -313,6 +321,30 @@ def kv_cache_plan(args) -> dict[str, int]:
     return sizes
 
 
+def models_while_engines_start(args, kv_plan: dict[str, int]) -> bool:
+    """Whether the actor/ref models load while the vLLM engines start, one line saying so or why not.
+
+    Under ``--vllm.enable_sleep`` upstream's ``train()`` creates the engines and waits until they are up and asleep
+    (their whole start: 70-125 s at 0.5B on one H200) before it loads the models (30-65 s) on the same GPUs. The two
+    can overlap where no engine profiles GPU memory (fixed KV caches) and the models fit beside the awake engines
+    (``engine_memory.models_beside_engines``)."""
+    from openrlhf_classmate.integration.classmate_config import log_resolved
+    from openrlhf_classmate.integration.rollout.engine_memory import models_beside_engines
+
+    if args.engine.backend != "vllm" or not args.vllm.enable_sleep or not args.vllm.num_engines:
+        return False  # nothing waits: the engines start in the background already (or there are none)
+    if not (kv_plan or args.engine.kv_cache_gib is not None):
+        log_resolved("the actor/ref models load after the vLLM engines are up: the engines profile GPU memory")
+        return False
+    fits, sizes = models_beside_engines(args)
+    if fits:
+        log_resolved(f"the actor/ref models load while the vLLM engines start ({sizes}); the first step waits for "
+                     "the engines")
+    else:
+        log_resolved(f"the actor/ref models load after the vLLM engines are up and asleep, as upstream does: {sizes}")
+    return fits
+
+
 def run(args) -> TrainerFactory:
     """Train with parsed ``args``; returns the factory (its ``handle`` is the controller actor, for tests)."""
     import ray
@@ -328,7 +360,7 @@ def run(args) -> TrainerFactory:
     with clock.phase("ray"):
         init_ray(args, {**reward_env(args), **engine_env(args, kv_plan)})
     patches.install_experience()
-    engines = EngineFactory(args, clock, fixed_kv=bool(kv_plan))
+    engines = EngineFactory(args, clock, fixed_kv=bool(kv_plan), defer_sleep=models_while_engines_start(args, kv_plan))
     trainer = TrainerFactory(args, engines)
     # from here upstream's train() finds our engine factory, actor class and trainer factory under its own names
     # (the table in integration/patches.py); it then runs unchanged

@@ -15,6 +15,9 @@ upstream name                                    rebound to / why
 ``cli.train_ppo_ray.ReferenceModelActor``        ``ClassmateReferenceModelActor`` (installs our ``Actor``)
 ``cli.train_ppo_ray.placement_group``            records the actor/ref group (classmate ``colocate`` placement)
 ``vllm_engine.RolloutRayActor``                  ``CountingRolloutActor`` (counts weight updates per engine)
+``vllm_engine.batch_vllm_engine_call``, while    the engines' first ``sleep`` sent without waiting for it, so the
+the launcher creates engines                     actor/ref models load while the engines start (``engine_sleep_
+                                                 deferred``; the controller waits for it before the first step)
 ``ppo_trainer.PPOTrainer``                       factory creating the classmate engines + ``ClassmatePPOTrainer``
 ``ppo_trainer_async.PPOTrainerAsync``            the same factory (``--train.async_enable``): ``ClassmatePPOTrainerAsync``
 ``ppo_trainer_async.GenerateSamplesActor`` and   inside ``ClassmatePPOTrainerAsync``'s process only: our rollout actor
@@ -39,6 +42,8 @@ import contextlib
 import hashlib
 import importlib
 import os
+import threading
+from collections.abc import Iterator
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
 
@@ -219,6 +224,34 @@ def install_vllm_engine_counter() -> None:
         raise UpstreamChangedError("openrlhf.trainer.ray.vllm_engine.RolloutRayActor is gone")
     if getattr(current, "__ray_actor_class__", None) is not CountingRolloutActor:
         vllm_engine.RolloutRayActor = ray.remote(CountingRolloutActor)
+
+
+_SLEEP_DEFERRED = threading.Lock()  # the engine groups are created from two threads (the classmate's beside)
+
+
+@contextlib.contextmanager
+def engine_sleep_deferred(pending: list) -> Iterator[None]:
+    """Within it, upstream ``create_vllm_engines`` sends its engines' ``sleep`` (under ``--vllm.enable_sleep``) and
+    returns at once, the sleeps' refs appended to ``pending``, instead of waiting for the engines to start and fall
+    asleep. The block runs under a lock: creating engines takes milliseconds when nothing waits."""
+    import openrlhf.trainer.ray.vllm_engine as vllm_engine
+
+    original = getattr(vllm_engine, "batch_vllm_engine_call", None)
+    if original is None:
+        raise UpstreamChangedError("openrlhf.trainer.ray.vllm_engine.batch_vllm_engine_call is gone")
+
+    def sleep_later(engines, method_name, *args, **kwargs):
+        if method_name != "sleep" or args or kwargs:
+            return original(engines, method_name, *args, **kwargs)
+        pending.extend(engine.sleep.remote() for engine in engines)
+        return None
+
+    with _SLEEP_DEFERRED:
+        vllm_engine.batch_vllm_engine_call = sleep_later
+        try:
+            yield
+        finally:
+            vllm_engine.batch_vllm_engine_call = original
 
 
 def install_launcher(create_engines, policy_actor_cls, trainer_factory, reference_actor_cls=None) -> None:

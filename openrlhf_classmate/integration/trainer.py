@@ -103,6 +103,12 @@ class ClassmateControllerMixin(BasePPOTrainer):
 
     def fit(self, *args, **kwargs):
         self._fit_started = time.time()  # upstream's train() calls fit once the actor/ref models are loaded
+        starting = (self._startup or {}).get("engines_starting")
+        if starting:  # the engines' first sleep, sent as they started beside the models' load (the launcher's
+            import ray  # models_while_engines_start): an engine that failed to start raises here
+
+            ray.get(starting)
+        self._steps_started = time.time()
         return super().fit(*args, **kwargs)
 
     def train_step(self, rollout_samples, global_step: int):
@@ -111,7 +117,10 @@ class ClassmateControllerMixin(BasePPOTrainer):
             now, seconds, handed_over = time.time(), self._startup["seconds"], self._startup["handed_over"]
             if self._fit_started is not None and handed_over is not None:
                 seconds["models"] = self._fit_started - handed_over
-                seconds["step_1"] = now - self._fit_started
+                steps_started = getattr(self, "_steps_started", self._fit_started)
+                if steps_started - self._fit_started > 0.05:
+                    seconds["engines_ready"] = steps_started - self._fit_started
+                seconds["step_1"] = now - steps_started
             metrics = startup_breakdown(seconds, now)
             logger.info(startup_line(metrics))
             status.update(metrics)

@@ -22,7 +22,9 @@ from contextlib import contextmanager
 
 LAUNCH_ENV = "OPENRLHF_CLASSMATE_LAUNCH_TIME"
 # the phases in the order they happen, as they appear in the line and under startup/<name>_s
-PHASES = ("launcher", "ray", "policy_engines", "classmate_engines", "driver_setup", "models", "step_1")
+# (engines_ready: where the models load while the engines start, the wait at fit for the engines still starting)
+PHASES = ("launcher", "ray", "policy_engines", "classmate_engines", "driver_setup", "models", "engines_ready",
+          "step_1")
 
 
 def process_start_time() -> float:

@@ -114,3 +114,33 @@ def plan(args: SimpleNamespace, total: int | None = None) -> tuple[dict[str, int
                         f"{size / GIB:.2f} GiB beside {weights / tp / GIB:.2f} GiB of weights")
         sizes[plan_key(model, utilization)] = size
     return sizes, None
+
+
+# Training state per byte of the policy's bf16 weights when upstream's DeepSpeed set-up has loaded the actor: the
+# weights and their gradients (1 + 1), and where Adam stays on the GPU its fp32 master copy and two moments
+# (2 + 2 + 2), which ZeRO splits across the actor's GPUs
+ACTOR_STATE_FACTOR, OPTIMIZER_STATE_FACTOR = 2, 6
+MODELS_MARGIN_BYTES = 2 * GIB  # CUDA contexts, DeepSpeed's buffers
+
+
+def models_beside_engines(args: SimpleNamespace, total: int | None = None) -> tuple[bool, str]:
+    """Whether the actor/ref models can load on the GPU while the engines there are still awake (starting, before
+    their first sleep), and why (one clause). The engines then hold their fractions of the GPU; the models need the
+    reference's weights and the actor's training state (:data:`ACTOR_STATE_FACTOR`, :data:`OPTIMIZER_STATE_FACTOR`).
+    No when the sizes cannot be read: upstream's order (engines asleep first) is always safe."""
+    total = gpu_total_bytes() if total is None else total
+    if total is None:
+        return False, "no NVIDIA GPU visible to the launcher (nvidia-smi) to check the memory by"
+    weights = weight_bytes(args.actor.model_name_or_path)
+    if weights is None:
+        return False, f"the policy {args.actor.model_name_or_path} is not a local folder with weight files to size by"
+    shards = args.actor.num_nodes * args.actor.num_gpus_per_node
+    optimizer = 0 if args.ds.adam_offload else OPTIMIZER_STATE_FACTOR * weights / shards
+    actor = ACTOR_STATE_FACTOR * weights / (shards if args.ds.zero_stage == 3 else 1) + optimizer
+    reference = 0 if args.ref.offload else weights
+    engines = sum(fraction for _, _, fraction, _ in engine_groups(args)) * total
+    need = engines + actor + reference + MODELS_MARGIN_BYTES
+    sizes = (f"the engines' {engines / GIB:.1f} GiB + the actor's {actor / GIB:.1f} GiB + the reference's "
+             f"{reference / GIB:.1f} GiB + {MODELS_MARGIN_BYTES / GIB:.0f} GiB {'<=' if need <= total else '>'} "
+             f"{total / GIB:.1f} GiB")
+    return need <= total, sizes
