@@ -34,20 +34,6 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
 pytest_plugins = ["pytester", "openrlhf_classmate.testing.slow_guard"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the marks under --dist loadgroup
-def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` (the slow part) each test goes to the next free worker, except that the tests of a
-    module that share a module-scoped fixture (the quick demo, the plain-GRPO run) form one group on one worker, so
-    that the fixture's run is made once. (``--dist loadfile`` ignores the groups.)"""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs}
-        if "module" in scopes:
-            item.add_marker(pytest.mark.xdist_group(f"module:{item.path.name}"))
-
-
 @pytest.fixture(scope="session")
 def bpe_world(tmp_path_factory):
     """The realistic tokenizer world (``openrlhf_classmate.testing.bpe_world``): BPE tokenizers trained once per test
