@@ -72,7 +72,7 @@ from openrlhf_classmate.integration.experience.reward_methods import (
 from openrlhf_classmate.integration.launch.classmate_args import resolve_classmate_args, validate_classmate_args
 from openrlhf_classmate.integration.launch.model_options import validate_model_options
 from openrlhf_classmate.integration.launch.sampling_checks import check_sampling_args
-from openrlhf_classmate.integration.training.chunked_actor import add_logprobs_arguments, validate_logprobs_args
+from openrlhf_classmate.integration.training.logprobs_options import add_logprobs_arguments, validate_logprobs_args
 from openrlhf_classmate.rewards.vrcli import add_vrcli_arguments
 
 
@@ -88,7 +88,7 @@ range of -inf inf clips nothing); NaN is refused there too."""
 def flag_groups() -> tuple[tuple[str, type], ...]:
     """Our flag groups: (prefix, config dataclass)."""
     from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
-    from openrlhf_classmate.integration.training.chunked_actor import LogprobsConfig
+    from openrlhf_classmate.integration.training.logprobs_options import LogprobsConfig
     from openrlhf_classmate.rewards.darling import DarlingConfig
     from openrlhf_classmate.rewards.vrcli import VrcliConfig
     from openrlhf_classmate.scoring.tinyv import TinyVConfig
