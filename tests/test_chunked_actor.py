@@ -18,12 +18,8 @@ from openrlhf.models.utils import compute_entropy
 
 from openrlhf_classmate.integration import patches
 from openrlhf_classmate.integration.launch.args import parse_args
-from openrlhf_classmate.integration.training.chunked_actor import (
-    ChunkedLogprobActor,
-    check_model_config,
-    chunked_actor_class,
-    validate_logprobs_args,
-)
+from openrlhf_classmate.integration.training.chunked_actor import ChunkedLogprobActor, chunked_actor_class
+from openrlhf_classmate.integration.training.logprobs_options import check_model_config, validate_logprobs_args
 from openrlhf_classmate.testing.tiny_models import ragged_batch, save_random_lm
 
 PROMPTS, RESPONSES = [4, 6, 2], [5, 2, 7]  # per row; prompts left-padded, responses right-padded (upstream's layout)

@@ -15,7 +15,7 @@ from openrlhf_classmate.config_fields import Bound, add_dataclass_group, option_
 from openrlhf_classmate.integration.classmate_config import ClassmateConfig, EngineConfig
 from openrlhf_classmate.integration.launch.args import build_parser, parse_args
 from openrlhf_classmate.integration.launch.preflight import RANGES
-from openrlhf_classmate.integration.training.chunked_actor import LogprobsConfig
+from openrlhf_classmate.integration.training.logprobs_options import LogprobsConfig
 from openrlhf_classmate.rewards.darling import DarlingConfig
 from openrlhf_classmate.rewards.vrcli import VrcliConfig
 from openrlhf_classmate.scoring.tinyv import TinyVConfig

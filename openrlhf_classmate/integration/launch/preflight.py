@@ -381,7 +381,7 @@ def check_fresh_ckpt_path(args: SimpleNamespace) -> None:
 
 def check_chunked_logprobs_model(args: SimpleNamespace, report: PreflightReport) -> None:
     """``--logprobs.chunked`` auto or on: the policy's config has a plain LM head (local folders; a hub id is checked
-    when the workers load it). auto becomes on, or off with one note (:func:`chunked_actor.check_model_config`)."""
+    when the workers load it). auto becomes on, or off with one note (:func:`logprobs_options.check_model_config`)."""
     from openrlhf_classmate.integration.training.logprobs_options import check_model_config
 
     path = args.actor.model_name_or_path

@@ -35,12 +35,8 @@ from openrlhf_classmate.integration import bench_switches
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
 from openrlhf_classmate.integration.training import weight_sync
-from openrlhf_classmate.integration.training.chunked_actor import (
-    ChunkedLogprobActor,
-    check_model_config,
-    chunk_size_from_args,
-    chunked_actor_class,
-)
+from openrlhf_classmate.integration.training.chunked_actor import ChunkedLogprobActor, chunked_actor_class
+from openrlhf_classmate.integration.training.logprobs_options import check_model_config, chunk_size_from_args
 from openrlhf_classmate.integration.training.nonfinite import NonfiniteGuard
 from openrlhf_classmate.integration.training.weight_check import LoadCheckedActor, load_checked_class
 

@@ -32,13 +32,6 @@ from openrlhf.models import Actor
 from openrlhf.models.ring_attn_utils import unpad_and_slice_tensor
 
 from openrlhf_classmate.algo.chunked_logprobs import chunked_lm_head_stats
-from openrlhf_classmate.integration.training.logprobs_options import (  # noqa: F401  (the options, re-exported)
-    LogprobsConfig,
-    add_logprobs_arguments,
-    check_model_config,
-    chunk_size_from_args,
-    validate_logprobs_args,
-)
 
 # ── the actor ────────────────────────────────────────────────────────────────────────────────────────────────────
 

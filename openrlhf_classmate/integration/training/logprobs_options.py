@@ -1,6 +1,6 @@
 """``--logprobs.*``: the options of the chunked log-probs and their launch checks (``chunked_actor.py`` holds the
-actor). Kept apart from the actor so that parsing the launcher's flags and its preflight do not import
-``openrlhf.models`` (PEFT, DeepSpeed: ~5 s of imports in every ``--check``)."""
+actor). Kept apart from the actor, which imports ``openrlhf.models`` (PEFT, DeepSpeed: ~5 s of imports), so that
+parsing the launcher's flags does not (``--check`` still imports upstream's launcher, and with it the models)."""
 
 from __future__ import annotations
 
