@@ -132,7 +132,7 @@ def test_async_classmate_training_with_kl_in_reward_and_overlong_penalty(tmp_pat
     for tag in ("train/classmate/reward", "train/classmate/valid", "train/classmate/stage_time",
                 "train/classmate/main_kl_return"):
         assert set(tb[tag]) == {1, 2, 3}, tag
-    # the rollout actor asks for the engines' log-probs on the measured steps: 1 and 2, then every 5th
+    # the rollout actor asks for the engines' log-probs on the measured steps: 1 and 2, then every 10th
     assert set(tb["train/mismatch/logprob_abs_diff_mean"]) == {1, 2}
     assert all(v == 1.0 for v in tb["train/classmate/request_fraction"].values())  # no batch without its scores
     assert all(v == 1.0 for v in tb["train/classmate/dispatched_per_group"].values())  # sent per group (auto)

@@ -866,6 +866,21 @@ def test_the_rollout_against_the_engine_alone_is_tokens_per_engine_over_the_stan
     assert cmd[cmd.index("--requests") + 1] == "256" and cmd[cmd.index("--tokens") + 1] == "512"  # per engine
     # 256 x 512 tokens per engine in 10.24 s = 12,800 tokens/s, against 26,000 alone
     assert got["rollout_vs_standalone"] == {"grpo": round(12_800 / 26_000, 3), "gdpo": round(10_240 / 26_000, 3)}
+    # the script wrote its JSON, then hung in vLLM's shutdown past the budget (a fresh H200, 2026-11-29): the
+    # figures count; a run that timed out before writing leaves no ratio, not the previous call's file's
+    def hung(cmd, timeout):
+        run(cmd, timeout)
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(step_time, "run_group", hung)
+    assert step_time.standalone(a, row, 300)["rollout_vs_standalone"] == got["rollout_vs_standalone"]
+
+    def timed_out(cmd, timeout):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(step_time, "run_group", timed_out)
+    assert "rollout_vs_standalone" not in step_time.standalone(a, row, 300)
+    assert "TimeoutExpired" in step_time.standalone(a, row, 300)["standalone"]["error"]
     for argv in (["--standalone"], ["--interleave", "--standalone", "--tiny"]):
         with pytest.raises(SystemExit):
             step_time.parse_cli(argv)

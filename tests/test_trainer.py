@@ -286,16 +286,19 @@ def test_each_step_reports_the_mismatch_and_warns_once_above_the_threshold(monke
     status, step = trainer.train_step([], 2)  # rollouts without log-probs: no metric, said once
     assert not [k for k in status if k.startswith("mismatch/")]
     assert lines[-1].startswith("step 3: no mismatch/* metrics")
-    # with the default --engine.mismatch_interval (5) step 3 is not measured: no metric, and nothing to say
+    # with the default --engine.mismatch_interval (10) step 3 is not measured: no metric, and nothing to say
     lines.clear()
     trainer.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl"])
     trainer._mismatch_steps, trainer._reported_no_mismatch = 2, False
-    measured = iter([None, None])
+    measured = iter([None, None, None])
     status, step = trainer.train_step([], 3)
     assert not [k for k in status if k.startswith("mismatch/")] and not lines
     trainer._mismatch_steps = 4
-    trainer.train_step([], 4)  # step 5 is measured: its missing log-probs are said
-    assert len(lines) == 1 and lines[0].startswith("step 5: no mismatch/* metrics")
+    trainer.train_step([], 4)  # nor is step 5 (it was under the old default of 5)
+    assert not lines
+    trainer._mismatch_steps = 9
+    trainer.train_step([], 9)  # step 10 is measured: its missing log-probs are said
+    assert len(lines) == 1 and lines[0].startswith("step 10: no mismatch/* metrics")
 
 
 def test_a_run_whose_classmate_scores_are_all_invalid_stops_like_one_without_main_scores(monkeypatch):

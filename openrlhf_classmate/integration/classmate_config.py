@@ -356,14 +356,17 @@ class EngineConfig:
                           "path in Python, measured in README, 'Train-inference mismatch'"},
     )
     mismatch_interval: int = field(
-        default=5,
+        default=10,
         metadata={"help": "the policy engines return the sampled tokens' log-probs for the mismatch metrics on steps "
                           "1 and 2 (the first load of the weights and the first sync), then on every N-th step (1: "
                           "every step). A measured step asks for every request's log-probs, so each reading covers "
                           "a whole rollout batch (the same population every time, and vLLM's log-softmax over its "
                           "running batch is paid only then); the steps in between ask for none, as upstream's "
-                          "request does, and log no mismatch/* values. With --algo.advantage.is_correction_level "
-                          "upstream asks for them on every step, and every step is measured",
+                          "request does, and log no mismatch/* values. A measured step's rollout took ~1.1 s more "
+                          "for 128 x 512 tokens of a 0.5B policy on one H200, so 10 keeps the cost near 4% of the "
+                          "generation phase (README, 'Train-inference mismatch'). With "
+                          "--algo.advantage.is_correction_level upstream asks for them on every step, and every step "
+                          "is measured",
                   "range": POSITIVE_INT},
     )
     weight_sync_bucket_mb: int = field(
