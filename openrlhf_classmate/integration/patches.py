@@ -41,9 +41,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import importlib.abc
 import os
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import openrlhf_classmate  # noqa: F401  (CPU shims before openrlhf imports)
 
@@ -111,13 +113,17 @@ def check_upstream() -> None:
 
 def install_experience() -> None:
     """Rebind ``Experience`` to :class:`ClassmateExperience` in every module that builds or splits experiences."""
+    for name in EXPERIENCE_MODULES:
+        _rebind_experience(name)
+
+
+def _rebind_experience(name: str) -> None:
     from openrlhf_classmate.integration.experience.experience import ClassmateExperience
 
-    for name in EXPERIENCE_MODULES:
-        module = importlib.import_module(name)
-        if not hasattr(module, "Experience"):
-            raise UpstreamChangedError(f"{name} no longer has a module-global `Experience` to rebind")
-        module.Experience = ClassmateExperience
+    module = importlib.import_module(name)
+    if not hasattr(module, "Experience"):
+        raise UpstreamChangedError(f"{name} no longer has a module-global `Experience` to rebind")
+    module.Experience = ClassmateExperience
 
 
 def install_actor_trainer(trainer_cls: type) -> None:
@@ -162,43 +168,132 @@ def install_cpu_runtime() -> bool:
 
     if torch.cuda.is_available():
         return False
+    for _, patch in CPU_RUNTIME_PATCHES:
+        patch()
+    return True
+
+
+def _cpu_torch() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.set_device = lambda *a, **k: None
     torch.cuda.empty_cache = lambda *a, **k: None
 
-    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+
+def _cpu_device_mesh() -> None:
     import openrlhf.utils.deepspeed.deepspeed as ds_module
+    import torch
 
-    if not getattr(ds_module.init_device_mesh, "_openrlhf_classmate_cpu", False):
-        real_mesh = ds_module.init_device_mesh
+    if torch.cuda.is_available() or getattr(ds_module.init_device_mesh, "_openrlhf_classmate_cpu", False):
+        return
+    real_mesh = ds_module.init_device_mesh
 
-        def cpu_device_mesh(device_type, *args, **kwargs):
-            return real_mesh("cpu", *args, **kwargs)
+    def cpu_device_mesh(device_type, *args, **kwargs):
+        return real_mesh("cpu", *args, **kwargs)
 
-        cpu_device_mesh._openrlhf_classmate_cpu = True
-        ds_module.init_device_mesh = cpu_device_mesh
+    cpu_device_mesh._openrlhf_classmate_cpu = True
+    ds_module.init_device_mesh = cpu_device_mesh
+
+
+def _cpu_replay_buffer() -> None:
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+    import torch
 
     base = ppo_actor.NaiveReplayBuffer
-    if not getattr(base, "_openrlhf_classmate_cpu", False):
+    if torch.cuda.is_available() or getattr(base, "_openrlhf_classmate_cpu", False):
+        return
 
-        class CpuReplayBuffer(base):
-            _openrlhf_classmate_cpu = True
+    class CpuReplayBuffer(base):
+        _openrlhf_classmate_cpu = True
 
-            def __init__(self, *args, **kwargs):
-                with _cuda_device_index(0):  # upstream builds torch.device(f"cuda:{index}") here
-                    super().__init__(*args, **kwargs)
-                self.target_device = torch.device("cpu")
+        def __init__(self, *args, **kwargs):
+            with _cuda_device_index(0):  # upstream builds torch.device(f"cuda:{index}") here
+                super().__init__(*args, **kwargs)
+            self.target_device = torch.device("cpu")
 
-        ppo_actor.NaiveReplayBuffer = CpuReplayBuffer
-    return True
+    ppo_actor.NaiveReplayBuffer = CpuReplayBuffer
+
+
+# (module, patch): each CPU-runtime patch and the module it changes
+CPU_RUNTIME_PATCHES: tuple[tuple[str, Callable[[], None]], ...] = (
+    ("torch", _cpu_torch),
+    ("openrlhf.utils.deepspeed.deepspeed", _cpu_device_mesh),
+    ("openrlhf.trainer.ray.ppo_actor", _cpu_replay_buffer),
+)
+
+
+class _LoaderThenPatch(importlib.abc.Loader):
+    """A module's own loader, then its pending patches (:func:`after_import`); everything else (``get_source`` for
+    tracebacks and TorchScript, ``is_package``, resources) is the real loader's."""
+
+    def __init__(self, loader, run_patches: Callable[[], None]) -> None:
+        self._loader, self._run_patches = loader, run_patches
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._run_patches()
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a module with pending patches it takes the spec the other finders give and runs the
+    patches right after the module's own code, on its first import in this process."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[Callable[[], None]]] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _LoaderThenPatch(spec.loader, lambda: self.run(fullname))
+        return spec
+
+    def run(self, fullname: str) -> None:
+        for patch in self.pending.pop(fullname, []):
+            patch()
+
+
+_AFTER_IMPORT = _PatchAfterImport()
+
+
+def after_import(name: str, patch: Callable[[], None]) -> None:
+    """Run ``patch`` right after module ``name`` is first imported in this process, or now if it already is."""
+    if name in sys.modules:
+        patch()
+        return
+    if _AFTER_IMPORT not in sys.meta_path:
+        sys.meta_path.insert(0, _AFTER_IMPORT)
+    _AFTER_IMPORT.pending.setdefault(name, []).append(patch)
 
 
 def worker_setup() -> None:
-    """Ray ``worker_process_setup_hook``: the same patches in every worker process."""
-    install_experience()
-    install_cpu_runtime()
+    """Ray ``worker_process_setup_hook``: the same patches in every worker process, each applied where its module is
+    first imported (at once where it already is). A process that never imports upstream's trainer modules (a vLLM or
+    HF engine, an idle worker) is spared DeepSpeed and ``openrlhf.models`` (~6 CPU-s per process: upstream keeps
+    DeepSpeed out of its vLLM actors on purpose)."""
+    for name in EXPERIENCE_MODULES:
+        after_import(name, lambda name=name: _rebind_experience(name))
+    for name, patch in CPU_RUNTIME_PATCHES:
+        after_import(name, patch)
 
 
 # ── Launcher rebindings (driver process) ──
