@@ -9,6 +9,9 @@
 #   prepare-bench   build the Qwen2.5-0.5B-shaped random models of the step-time benchmark (CPU work, no run)
 #   stage-vllm-a    first half of the vLLM bundle (.vllm_bundle/a, ../shared/tools/device_vllm/) -> $VLLM_STAGE
 #   install-vllm    second half (.vllm_bundle/b): join, check, install vLLM 0.26.0 into $VLLM_SITE ($HOME/site)
+#   compile-sites   byte-compile both sites (python -m compileall), as pip does by default: both installs skip it
+#                   (the bundle carries no .pyc), so without it every process compiles vLLM, Ray and DeepSpeed from
+#                   source at import, on every import where PYTHONDONTWRITEBYTECODE is set (device.txt says)
 #   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
 #   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
 #   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)
@@ -103,6 +106,9 @@ def v(p):
 print("torch", torch.__version__, "cuda", torch.version.cuda, *(f"| {p} {v(p)}" for p in
       ("transformers", "deepspeed", "ray", "openrlhf", "vllm")))
 PY
+  # whether imports compile from source (start-up: bench/GPU_RESULTS.md section 11)
+  echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}; .pyc files: $VLLM_SITE $(find "$VLLM_SITE" \
+-name '*.pyc' 2>/dev/null | wc -l), $WHEEL_SITE $(find "$WHEEL_SITE" -name '*.pyc' 2>/dev/null | wc -l)"
 } > "$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
@@ -124,6 +130,13 @@ for step in "${steps[@]}"; do
       mkdir -p "$VLLM_STAGE" && cp .vllm_bundle/a/* "$VLLM_STAGE"/ && ls -la "$VLLM_STAGE" || exit 3 ;;
     install-vllm)
       bash .vllm_bundle/b/install.sh "$VLLM_SITE" || exit 3 ;;
+    compile-sites)
+      for site in "$VLLM_SITE" "$WHEEL_SITE"; do
+        [ -d "$site" ] || continue
+        t=$(date +%s)
+        python3 -m compileall -q -j 0 "$site" >/dev/null 2>&1
+        echo "$site: $(find "$site" -name '*.pyc' | wc -l) .pyc files ($(( $(date +%s) - t )) s)"
+      done ;;
     prepare-bench)
       python3 bench/step_time.py --prepare-only || status=1 ;;
     tests)

@@ -229,6 +229,24 @@ def test_gpu_validate_sh_parses_and_refuses_unknown_steps(tmp_path):
         assert res.returncode == 3 and "the machine is fresh" in res.stdout, (step, res.stdout)
 
 
+def test_compile_sites_byte_compiles_the_installed_sites_and_device_txt_says_whether_imports_compile(tmp_path):
+    # the bundle and the wheels install without .pyc; with PYTHONDONTWRITEBYTECODE set every process would compile
+    # vLLM from source at each import (section 11's start-up)
+    site = tmp_path / "site2" / "pkg"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("X = 1\n")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
+           "VLLM_SITE": str(tmp_path / "none"), "WHEEL_SITE": str(tmp_path / "site2"), "PYTHONDONTWRITEBYTECODE": "1",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    res = subprocess.run(["bash", "bench/gpu_validate.sh", "compile-sites"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout
+    assert f"{tmp_path / 'site2'}: 1 .pyc files" in res.stdout
+    assert list((site / "__pycache__").glob("__init__.*.pyc"))
+    device = (tmp_path / "out" / "device.txt").read_text()
+    assert f"PYTHONDONTWRITEBYTECODE=1; .pyc files: {tmp_path / 'none'} 0, {tmp_path / 'site2'} 0" in device
+
+
 def test_a_launcher_past_its_timeout_is_killed_with_its_whole_session(tmp_path, monkeypatch):
     import threading
     import time
