@@ -56,7 +56,11 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
                 "train/classmate/classmate_group_reward_std", "train/classmate/output_length"):
         assert set(tb.get(tag, {})) == {1, 2}, f"{tag} missing from tensorboard: {sorted(tb)}"
     assert all(v == 0.0 for v in tb["train/classmate/adv_abs_outside_cot"].values())  # classmate_partial
-    assert max(tb["train/classmate/adv_abs_on_cot"].values()) > 0
+    # the classmate advantage reaches the CoT tokens exactly where a group's classmate rewards differ: the random
+    # world's classmate is right ~1 time in 16, and the HF engine's batches (hence its samples) follow the requests'
+    # arrival times, so whether a step has such a group is luck (tests/test_experience_maker.py checks the numbers)
+    for step, std in tb["train/classmate/classmate_group_reward_std"].items():
+        assert (tb["train/classmate/adv_abs_on_cot"][step] > 0) == (std > 0), step
     assert all(v > 0 for v in tb["train/classmate/stage_time"].values())
     # the actor update split: the worker's own fit and its micro-batch training steps, outside upstream's
     # timing/* (whose sum is timing/step_total)
@@ -70,7 +74,12 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     assert tb["train/classmate/dispatched_per_group"] == {1: 1.0, 2: 1.0}
     # the start-up breakdown, logged once at step 1: the phases add up to the time from the launcher
     # process's start to step 1's end (a phase left out or counted twice breaks the sum)
-    phases = {k: v[1] for k, v in tb.items() if k.startswith("train/startup/") and k != "train/startup/first_step_s"}
+    phases = {k: v[1] for k, v in tb.items() if k.startswith("train/startup/") and k != "train/startup/first_step_s"
+              and not (k.startswith("train/startup/launcher_") and k != "train/startup/launcher_s")}
+    # the launcher phase's parts, inside it: imports, parsing and preflight, upstream's launcher, the KV plan
+    inside = {p: tb[f"train/startup/launcher_{p}_s"][1] for p in ("imports", "preflight", "upstream_imports", "kv_plan")}
+    assert min(inside["imports"], inside["preflight"]) > 0 and min(inside.values()) >= 0
+    assert sum(inside.values()) <= tb["train/startup/launcher_s"][1] + 0.05
     assert set(phases) == {f"train/startup/{p}_s" for p in ("launcher", "ray", "policy_engines", "classmate_engines",
                                                              "driver_setup", "models", "step_1")}
     assert all(set(tb[k]) == {1} for k in phases) and all(v >= 0 for v in phases.values())

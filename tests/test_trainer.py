@@ -382,3 +382,23 @@ def test_the_first_step_waits_for_engines_still_starting_and_the_breakdown_names
     trainer._startup = {"seconds": {}, "handed_over": time.time()}
     trainer.fit()
     assert waited == [] and "startup/engines_ready_s" not in trainer.train_step([], 0)[0]
+
+
+def test_the_launcher_phase_shows_its_parts_inside_it_without_counting_them_twice(monkeypatch):
+    # the launcher's 26 s on a GPU machine (bench/GPU_RESULTS.md section 11) split into Python's imports, parsing and
+    # preflight, upstream's launcher import and the KV-cache plan; driver_setup is what is left of the driver's time
+    import time
+
+    from openrlhf_classmate.integration.launch import startup
+
+    monkeypatch.setenv(startup.LAUNCH_ENV, repr(time.time() - 30.0))
+    clock = startup.StartupClock()
+    clock.seconds.update(launcher=26.0, ray=3.0, launcher_imports=9.1, launcher_preflight=4.0,
+                         launcher_upstream_imports=10.2, launcher_kv_plan=2.1)
+    seconds = clock.hand_over()["seconds"]
+    assert 0.9 < seconds["driver_setup"] < 1.2  # 30 s since launch - launcher 26 - ray 3, the parts not subtracted
+    metrics = startup.breakdown(seconds, None)
+    assert metrics["startup/launcher_upstream_imports_s"] == 10.2 and metrics["startup/launcher_kv_plan_s"] == 2.1
+    assert startup.summary_line(metrics).startswith(
+        "start-up: launcher 26.0 s (imports 9.1, preflight 4.0, upstream imports 10.2, kv plan 2.1), ray 3.0 s, "
+        "driver setup ")

@@ -46,6 +46,29 @@ def test_an_engine_worker_imports_no_deepspeed_and_a_trainer_worker_gets_every_p
     assert "trainer ok True" in res.stdout
 
 
+def test_unpickling_an_experience_as_a_workers_first_import_works_and_keeps_its_fields():
+    # the async trainer's queue actor: its first import is ClassmateExperience's module, through pickle; the lazy
+    # rebinding of the ppo_utils package's modules then met that module half-imported (ImportError, 2026-11-29)
+    import pickle
+
+    import torch
+
+    from openrlhf_classmate.integration.experience.experience import ClassmateExperience
+
+    blob = pickle.dumps(ClassmateExperience(classmate_advantages=torch.ones(1, 3)))
+    res = _python(f"""
+        import pickle, sys
+        from openrlhf_classmate.integration import patches
+        patches.worker_setup()
+        e = pickle.loads({blob!r})
+        import openrlhf.trainer.ppo_utils.experience as upstream
+        batch = upstream.Experience.concat_experiences([e, e], 0)
+        print(type(batch).__name__, tuple(batch.classmate_advantages.shape))
+    """)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ClassmateExperience (2, 3)" in res.stdout
+
+
 def test_a_patch_runs_after_the_modules_code_once_and_at_once_for_an_imported_module(tmp_path, monkeypatch):
     (tmp_path / "late_module.py").write_text("VALUE = 1\n\ndef f():\n    return VALUE\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -168,9 +168,8 @@ class EngineFactory:
         self.policy_pg = None
         self.policy_engines: list = []
         self.clock = clock or StartupClock()  # the engine groups' start-up seconds (integration/launch/startup.py)
-        # every vLLM engine has a fixed KV-cache size (--engine.kv_cache_gib, or the launcher's: engine_memory.plan),
-        # or the HF engines, which reserve nothing: no engine profiles GPU memory, so no group waits for another
-        self.fixed_kv = fixed_kv or args.engine.backend == "hf" or args.engine.kv_cache_gib is not None
+        # no engine profiles GPU memory (fixed_kv_caches), so no group waits for another
+        self.fixed_kv = fixed_kv or fixed_kv_caches(args, {})
         self._early = None  # the classmate groups' start beside the policy engines' (a thread), see policy()
         # the actor/ref models load while the vLLM engines start (models_while_engines_start): upstream's
         # create_vllm_engines then returns without waiting for its engines' first sleep, whose refs gather here for
@@ -302,6 +301,10 @@ class TrainerFactory:
         return self.handle
 
 
+# the launcher phase's parts main() measured before run() (startup.LAUNCHER_PARTS); empty where run() is called alone
+launcher_parts: dict[str, float] = {}
+
+
 def kv_cache_plan(args) -> dict[str, int]:
     """The launcher's KV-cache size for each vLLM engine group (``integration/rollout/engine_memory.py``), one line
     each; where it cannot size them, one line saying why the groups sharing a GPU start one after the other."""
@@ -321,6 +324,13 @@ def kv_cache_plan(args) -> dict[str, int]:
     return sizes
 
 
+def fixed_kv_caches(args, kv_plan: dict[str, int]) -> bool:
+    """Whether no engine profiles GPU memory at its start: every vLLM engine has a fixed KV-cache size (the launcher's,
+    ``kv_plan`` from :func:`kv_cache_plan`, or ``--engine.kv_cache_gib``), or the engines are HF ones, which reserve
+    nothing."""
+    return bool(kv_plan) or args.engine.backend == "hf" or args.engine.kv_cache_gib is not None
+
+
 def models_while_engines_start(args, kv_plan: dict[str, int]) -> bool:
     """Whether the actor/ref models load while the vLLM engines start, one line saying so or why not.
 
@@ -333,7 +343,7 @@ def models_while_engines_start(args, kv_plan: dict[str, int]) -> bool:
 
     if args.engine.backend != "vllm" or not args.vllm.enable_sleep or not args.vllm.num_engines:
         return False  # nothing waits: the engines start in the background already (or there are none)
-    if not (kv_plan or args.engine.kv_cache_gib is not None):
+    if not fixed_kv_caches(args, kv_plan):
         log_resolved("the actor/ref models load after the vLLM engines are up: the engines profile GPU memory")
         return False
     fits, sizes = models_beside_engines(args)
@@ -347,6 +357,7 @@ def models_while_engines_start(args, kv_plan: dict[str, int]) -> bool:
 
 def run(args) -> TrainerFactory:
     """Train with parsed ``args``; returns the factory (its ``handle`` is the controller actor, for tests)."""
+    t0 = time.time()
     import ray
     from openrlhf.cli import train_ppo_ray as upstream
 
@@ -355,12 +366,17 @@ def run(args) -> TrainerFactory:
 
     launched = mark_launch()
     clock = StartupClock()
+    t1 = time.time()
     kv_plan = kv_cache_plan(args)
-    clock.seconds["launcher"] = time.time() - launched  # Python's imports, parsing, the preflight
+    now = time.time()
+    clock.seconds["launcher"] = now - launched  # Python's imports, parsing, the preflight
+    clock.seconds.update(launcher_parts)  # main()'s: its imports, the parsing and preflight
+    clock.seconds.update(launcher_upstream_imports=t1 - t0, launcher_kv_plan=now - t1)
     with clock.phase("ray"):
         init_ray(args, {**reward_env(args), **engine_env(args, kv_plan)})
     patches.install_experience()
-    engines = EngineFactory(args, clock, fixed_kv=bool(kv_plan), defer_sleep=models_while_engines_start(args, kv_plan))
+    engines = EngineFactory(args, clock, fixed_kv=fixed_kv_caches(args, kv_plan),
+                            defer_sleep=models_while_engines_start(args, kv_plan))
     trainer = TrainerFactory(args, engines)
     # from here upstream's train() finds our engine factory, actor class and trainer factory under its own names
     # (the table in integration/patches.py); it then runs unchanged
@@ -394,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     """Parse, run the preflight (``--check`` stops there), then train. Bad input ends in one line ``error: ...``."""
     from openrlhf_classmate.integration.launch.preflight import PreflightError, preflight
 
-    mark_launch()  # the start-up breakdown counts from this process's start (integration/launch/startup.py)
+    launched = mark_launch()  # the start-up breakdown counts from this process's start (integration/launch/startup.py)
+    entered = time.time()
 
     try:
         args = parse_args(argv)
@@ -418,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
         print("check passed: the run would start")
         return
     try:
+        launcher_parts.update(launcher_imports=entered - launched, launcher_preflight=time.time() - entered)
         run(args)
     except Exception as e:  # noqa: BLE001 - our own stop, a full disk, a dead process become one line; else re-raises
         from openrlhf_classmate.errors import TrainingStopped

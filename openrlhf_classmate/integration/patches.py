@@ -288,8 +288,13 @@ def after_import(name: str, patch: Callable[[], None]) -> None:
 def worker_setup() -> None:
     """Ray ``worker_process_setup_hook``: the same patches in every worker process, each applied where its module is
     first imported (at once where it already is). A process that never imports upstream's trainer modules (a vLLM or
-    HF engine, an idle worker) is spared DeepSpeed and ``openrlhf.models`` (~6 CPU-s per process: upstream keeps
-    DeepSpeed out of its vLLM actors on purpose)."""
+    HF engine) is spared DeepSpeed and ``openrlhf.models`` (2-4 CPU-s per process on CPU: upstream keeps DeepSpeed
+    out of its vLLM actors on purpose)."""
+    # ClassmateExperience first (light: it imports upstream's ppo_utils package and transformers): a rebinding that
+    # runs as an upstream module finishes importing must not meet it half-imported, as it would where unpickling an
+    # experience is a worker's first import (it imports the ppo_utils package, whose modules are rebound)
+    import openrlhf_classmate.integration.experience.experience  # noqa: F401
+
     for name in EXPERIENCE_MODULES:
         after_import(name, lambda name=name: _rebind_experience(name))
     for name, patch in CPU_RUNTIME_PATCHES:

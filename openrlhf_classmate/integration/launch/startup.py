@@ -6,8 +6,9 @@ in the driver (:class:`StartupClock`), hands them to the controller, which adds 
 ``fit`` start) and step 1, and at the end of step 1 logs them once as ``startup/*`` metrics (tensorboard,
 wandb, the step line: ``bench/step_time.py`` reads ``startup/first_step_s``) and as one line:
 
-    start-up: launcher 7.1 s, ray 3.0 s, policy engines 81.2 s, classmate engines 74.9 s, driver setup 0.4 s,
-    models 40.3 s, step 1 22.4 s; first step done 229.6 s after launch
+    start-up: launcher 7.1 s (imports 2.9, preflight 1.2, upstream imports 2.6, kv plan 0.3), ray 3.0 s, policy
+    engines 81.2 s, classmate engines 74.9 s, driver setup 0.4 s, models 40.3 s, step 1 22.4 s; first step done
+    229.6 s after launch
 
 The launch time travels to the Ray workers in :data:`LAUNCH_ENV` (the launcher passes every ``OPENRLHF_CLASSMATE_*``
 variable), so the controller measures "after launch" on the same clock even when the driver is another process.
@@ -25,6 +26,10 @@ LAUNCH_ENV = "OPENRLHF_CLASSMATE_LAUNCH_TIME"
 # (engines_ready: where the models load while the engines start, the wait at fit for the engines still starting)
 PHASES = ("launcher", "ray", "policy_engines", "classmate_engines", "driver_setup", "models", "engines_ready",
           "step_1")
+# the launcher phase's parts (seconds["launcher_<part>"], startup/launcher_<part>_s), which the line shows inside it:
+# Python's imports up to main(), the parsing and preflight, the import of upstream's launcher (vLLM, DeepSpeed), the
+# KV-cache plan (the GPU's memory asked)
+LAUNCHER_PARTS = ("imports", "preflight", "upstream_imports", "kv_plan")
 
 
 def process_start_time() -> float:
@@ -73,13 +78,16 @@ class StartupClock:
         where it runs in the background) up to ``fit``. The phases so add up to the time of step 1's end."""
         now = time.time()
         launched = launch_time() or now
-        self.seconds["driver_setup"] = max(0.0, now - launched - sum(self.seconds.values()))
+        phases = sum(s for name, s in self.seconds.items() if name in PHASES)  # the launcher's parts lie inside it
+        self.seconds["driver_setup"] = max(0.0, now - launched - phases)
         return {"seconds": dict(self.seconds), "handed_over": now}
 
 
 def breakdown(seconds: dict[str, float], first_step_done: float | None) -> dict[str, float]:
     """``startup/<phase>_s`` for each measured phase, and ``startup/first_step_s``: launch to the end of step 1."""
     out = {f"startup/{name}_s": round(seconds[name], 2) for name in PHASES if name in seconds}
+    out.update({f"startup/launcher_{part}_s": round(seconds[f"launcher_{part}"], 2) for part in LAUNCHER_PARTS
+                if f"launcher_{part}" in seconds})
     launched = launch_time()
     if launched is not None and first_step_done is not None:
         out["startup/first_step_s"] = round(first_step_done - launched, 2)
@@ -89,6 +97,10 @@ def breakdown(seconds: dict[str, float], first_step_done: float | None) -> dict[
 def summary_line(metrics: dict[str, float]) -> str:
     parts = [f"{name.replace('_', ' ')} {metrics[f'startup/{name}_s']:.1f} s" for name in PHASES
              if f"startup/{name}_s" in metrics]
+    inside = [f"{part.replace('_', ' ')} {metrics[f'startup/launcher_{part}_s']:.1f}" for part in LAUNCHER_PARTS
+              if f"startup/launcher_{part}_s" in metrics]
+    if inside and parts and "startup/launcher_s" in metrics:
+        parts[0] += f" ({', '.join(inside)})"
     done = metrics.get("startup/first_step_s")
     return "start-up: " + ", ".join(parts) + (f"; first step done {done:.1f} s after launch" if done is not None
                                               else "")
