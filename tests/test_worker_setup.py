@@ -23,32 +23,9 @@ def _python(code: str, tmp_path=None) -> subprocess.CompletedProcess:
 
 
 def test_an_engine_worker_imports_no_deepspeed_and_a_trainer_worker_gets_every_patch():
-    res = _python("""
-        import sys
-        from openrlhf_classmate.integration import patches
-        patches.worker_setup()  # what Ray runs first in each worker
-        import openrlhf_classmate.integration.rollout.hf_engine  # an engine actor's module
-        print("engine", "deepspeed" in sys.modules, "openrlhf.models" in sys.modules)
-        import openrlhf.trainer.ray.ppo_actor as ppo_actor  # a trainer worker imports upstream's modules
-        import openrlhf.utils.deepspeed.deepspeed as ds_module
-        import torch
-        from openrlhf_classmate.integration.experience.experience import ClassmateExperience
-        for name in patches.EXPERIENCE_MODULES:
-            __import__(name)
-            assert sys.modules[name].Experience is ClassmateExperience, name
-        assert ppo_actor.NaiveReplayBuffer.__name__ == "CpuReplayBuffer"
-        assert ds_module.init_device_mesh.__name__ == "cpu_device_mesh"
-        assert torch.cuda.current_device() == "cpu"
-        print("trainer ok", not patches._AFTER_IMPORT.pending)
-    """)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "engine False False" in res.stdout  # the old hook imported both in every worker (~6 CPU-s)
-    assert "trainer ok True" in res.stdout
-
-
-def test_unpickling_an_experience_as_a_workers_first_import_works_and_keeps_its_fields():
-    # the async trainer's queue actor: its first import is ClassmateExperience's module, through pickle; the lazy
-    # rebinding of the ppo_utils package's modules then met that module half-imported (ImportError, 2026-11-29)
+    # one fresh process as Ray starts a worker: the hook, then an experience unpickled (the async trainer's queue
+    # actor's first import: the lazy rebinding once met ClassmateExperience half-imported there, 2026-11-29), an
+    # engine's module, then upstream's trainer modules
     import pickle
 
     import torch
@@ -59,14 +36,28 @@ def test_unpickling_an_experience_as_a_workers_first_import_works_and_keeps_its_
     res = _python(f"""
         import pickle, sys
         from openrlhf_classmate.integration import patches
-        patches.worker_setup()
+        patches.worker_setup()  # what Ray runs first in each worker
         e = pickle.loads({blob!r})
-        import openrlhf.trainer.ppo_utils.experience as upstream
-        batch = upstream.Experience.concat_experiences([e, e], 0)
-        print(type(batch).__name__, tuple(batch.classmate_advantages.shape))
+        import openrlhf_classmate.integration.rollout.hf_engine  # an engine actor's module
+        print("engine", "deepspeed" in sys.modules, "openrlhf.models" in sys.modules)
+        import openrlhf.trainer.ray.ppo_actor as ppo_actor  # a trainer worker imports upstream's modules
+        import openrlhf.utils.deepspeed.deepspeed as ds_module
+        import torch
+        from openrlhf_classmate.integration.experience.experience import ClassmateExperience
+        for name in patches.EXPERIENCE_MODULES:
+            __import__(name)
+            assert sys.modules[name].Experience is ClassmateExperience, name
+        batch = sys.modules["openrlhf.trainer.ppo_utils.experience"].Experience.concat_experiences([e, e], 0)
+        print("batch", type(batch).__name__, tuple(batch.classmate_advantages.shape))
+        assert ppo_actor.NaiveReplayBuffer.__name__ == "CpuReplayBuffer"
+        assert ds_module.init_device_mesh.__name__ == "cpu_device_mesh"
+        assert torch.cuda.current_device() == "cpu"
+        print("trainer ok", not patches._AFTER_IMPORT.pending)
     """)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ClassmateExperience (2, 3)" in res.stdout
+    assert "engine False False" in res.stdout  # the old hook imported both in every worker (2-4 CPU-s)
+    assert "batch ClassmateExperience (2, 3)" in res.stdout  # the classmate fields survive upstream's batching
+    assert "trainer ok True" in res.stdout
 
 
 def test_a_patch_runs_after_the_modules_code_once_and_at_once_for_an_imported_module(tmp_path, monkeypatch):
@@ -94,15 +85,16 @@ def test_a_patch_runs_after_the_modules_code_once_and_at_once_for_an_imported_mo
         sys.modules.pop("late_module", None)
 
 
-def test_a_patch_that_finds_upstream_changed_fails_the_import_loudly(tmp_path):
+def test_a_patch_that_finds_upstream_changed_fails_the_import_loudly(tmp_path, monkeypatch):
     (tmp_path / "changed_upstream.py").write_text("OTHER = 1\n")
-    res = _python("""
-        from openrlhf_classmate.integration import patches
-        patches.after_import("changed_upstream", lambda: patches._rebind_experience("changed_upstream"))
-        import changed_upstream
-    """, tmp_path)
-    assert res.returncode == 1
-    assert "UpstreamChangedError: changed_upstream no longer has a module-global `Experience` to rebind" in res.stderr
+    monkeypatch.syspath_prepend(str(tmp_path))
+    patches.after_import("changed_upstream", lambda: patches._rebind_experience("changed_upstream"))
+    try:
+        with pytest.raises(patches.UpstreamChangedError,
+                           match="changed_upstream no longer has a module-global `Experience` to rebind"):
+            import changed_upstream  # noqa: F401
+    finally:
+        sys.modules.pop("changed_upstream", None)
 
 
 @pytest.mark.parametrize("name", [name for name, _ in patches.CPU_RUNTIME_PATCHES])
