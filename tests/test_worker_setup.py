@@ -1,6 +1,6 @@
 """``patches.worker_setup`` (Ray's ``worker_process_setup_hook``, run in every worker process): each patch is applied
-where its module is first imported, so a worker that never imports upstream's trainer (an engine, an idle worker)
-is spared DeepSpeed and ``openrlhf.models``, and one that does gets every rebinding as before."""
+where its module is first imported, so a worker that never imports upstream's trainer (a vLLM or HF engine) is
+spared DeepSpeed and ``openrlhf.models``, and one that does gets every rebinding as before."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from openrlhf_classmate.integration import patches
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _python(code: str, tmp_path=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, str(tmp_path or "")) if p)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
 
 
 def test_an_engine_worker_imports_no_deepspeed_and_a_trainer_worker_gets_every_patch():
