@@ -1,6 +1,6 @@
 """What fits where: a few steps of classmate GDPO for each cell of a grid of model shapes, response lengths and GPU
-counts, with the outcome (runs / OOM with the stage that ran out / timeout / error), the peak memory per GPU, the
-step seconds, the generated tokens/s per GPU and the flags that made the cell fit.
+counts, with the outcome (runs / refused at launch / host OOM / OOM with the stage that ran out / timeout / error),
+the peak memory per GPU, the step seconds, the generated tokens/s per GPU and the flags that made the cell fit.
 
     python bench/capacity.py --cells 7b+1.5b/2k/2gpu,1.5b+0.5b/8k/1gpu --out DIR --budget-s 1500
     python bench/capacity.py --list                       # the grid, in the order the cells run
@@ -239,7 +239,7 @@ STAGES = [
     ("engine start", re.compile(r"cache blocks|determine_available_memory|initialize_kv_cache|EngineCore failed|"
                                 r"gpu_memory_utilization|Free memory on device|init_engine|LLMRayActor.__init__")),
     ("model load", re.compile(r"from_pretrained|init_model_from_pretrained|deepspeed\.initialize|_configure_optimizer|"
-                              r"load_state_dict|\bprepare\(")),
+                              r"load_state_dict|\bprepare\(|ModelActor\.__init__")),
     ("actor update", re.compile(r"ppo_train|training_step|backward|optimizer_step|\bfit\b|\.step\(")),
     ("actor/ref forwards", re.compile(r"make_experience|forward|compute_ref|log_probs|logprobs")),
     ("rollout", re.compile(r"generate|wake_up|sampling")),
@@ -247,10 +247,21 @@ STAGES = [
 ]
 
 
+# Ray's memory monitor killing a worker for the node's host memory; the killed task names the stage
+HOST_KILL = re.compile(r"killed due to the node running low on memory.*?task name=([\w.]+)")
+
+
 def failure(log_text: str) -> tuple[str, str | None]:
-    """``(outcome, stage)`` of a failed run from its log: ``OOM`` with the stage that ran out of memory, ``timeout``
-    (the watchdog's line) or ``error`` (the stage where known)."""
+    """``(outcome, stage)`` of a failed run from its log: ``refused`` (the launcher's one ``error:`` line before
+    anything started), ``host OOM`` (Ray's memory monitor killed a worker: the stage is the killed task's), ``OOM``
+    with the stage that ran out of GPU memory, ``timeout`` (the watchdog's line) or ``error`` (the stage where
+    known)."""
     lines = log_text.splitlines()
+    if any(line.startswith("error: ") for line in lines) and "Traceback" not in log_text:
+        return "refused", None
+    killed = HOST_KILL.search(log_text)
+    if killed:
+        return "host OOM", next((stage for stage, pattern in STAGES if pattern.search(killed.group(1))), None)
     hit = next((i for i, line in enumerate(lines) if OOM.search(line)), None)
     if hit is None:
         if "[watchdog] killed" in log_text:
@@ -410,6 +421,8 @@ def read_log(cell: Cell, text: str, steps: int) -> dict:
     row: dict = {"vllm_in_use_gib": max(in_use) if in_use else None}
     if len(logged) < steps:
         outcome, stage = failure(text)
+        if outcome == "refused":  # the launcher's own line says why (host memory, the layout, ...)
+            row["reason"] = next(line for line in text.splitlines() if line.startswith("error: "))
         return {**row, "outcome": outcome, "stage": stage, "steps_logged": sorted(logged),
                 "log_tail": "\n".join(text.splitlines()[-60:])}
     last = logged[max(logged)]
@@ -597,7 +610,7 @@ def main(argv: list[str] | None = None) -> None:
             except Exception as e:  # noqa: BLE001  (one broken cell must not cost the others' results)
                 row = {"cell": cell.name, "outcome": "error", "error": repr(e)[-2000:], "flags": "", "gpus": cell.gpus,
                        "policy": cell.policy, "classmate": cell.classmate, "response": cell.response}
-            if row.get("outcome") in ("runs", "OOM"):
+            if row.get("outcome") in ("runs", "OOM", "host OOM", "refused"):  # outcomes of the cell, not the call
                 with open(kept, "w") as f:
                     json.dump(row, f, indent=1)
             print(f"{cell.name}: {row.get('outcome')} {row.get('stage') or ''} peak {row.get('peak_gib')} "

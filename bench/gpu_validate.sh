@@ -12,6 +12,8 @@
 #   compile-sites   byte-compile both sites (python -m compileall), as pip does by default: both installs skip it
 #                   (the bundle carries no .pyc), so without it every process compiles vLLM, Ray and DeepSpeed from
 #                   source at import, on every import where PYTHONDONTWRITEBYTECODE is set (device.txt says)
+#   launcherprof    bench/launcher_profile.py: the launcher's parsing and preflight (`--check`) under cProfile, with
+#                   every socket lookup timed; launcher_profile.json
 #   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
 #   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
 #   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)
@@ -139,6 +141,9 @@ for step in "${steps[@]}"; do
       done ;;
     prepare-bench)
       python3 bench/step_time.py --prepare-only || status=1 ;;
+    launcherprof)
+      need_vllm; need_trainer
+      timeout "$(left)" python3 bench/launcher_profile.py --out "$OUT" || status=1 ;;
     tests)
       need_vllm; need_trainer
       # the real vLLM's Python API under the CPU test suite (tests/conftest.py: DeepSpeed on its CPU accelerator)

@@ -744,6 +744,39 @@ def test_capacity_names_what_ran_out_and_where(capacity, log, outcome, stage):
     assert capacity.failure(log) == (outcome, stage)
 
 
+def test_capacity_tells_host_memory_from_gpu_memory_and_a_refusal_from_a_crash(capacity):
+    # the 7B one-GPU cell of 2026-11-29: vLLM's engines had started (their lines come first), then Ray's memory
+    # monitor killed the actor while DeepSpeed built its CPU optimizer; the stage is the killed task's, not the
+    # engines' start-up lines before it
+    import gzip
+
+    with gzip.open(os.path.join(REPO, "bench/gpu_results/wave15/capacity/7b_p_1.5b_2k_1gpu.log.gz"), "rt") as f:
+        log = f.read()
+    assert "determine_available_memory" in log or "gpu_memory_utilization" in log  # the engines' lines are there
+    assert capacity.failure(log) == ("host OOM", "model load")
+    refused = "[openrlhf_classmate] --engine.backend vllm\nerror: host memory: --ds.adam_offload: ... 137.1 GB\n"
+    assert capacity.failure(refused) == ("refused", None)
+    row = capacity.read_log(capacity.parse_cell("7b+1.5b/2k/1gpu"), refused, steps=2)
+    assert row["outcome"] == "refused" and row["reason"] == "error: host memory: --ds.adam_offload: ... 137.1 GB"
+
+
+def test_the_launcher_refuses_exactly_the_7b_one_gpu_cells_on_the_h200_node(capacity):
+    # the grid's plans against the lent machine's 125.87 GB (Ray's 0.95 of it): the 7B policy on one GPU needs Adam
+    # offload, whose 122 GB of CPU state does not fit beside the sleeping engine's weights; every other cell does
+    from openrlhf_classmate.integration.launch.host_memory import host_memory_problem
+
+    refused = []
+    for name in capacity.GRID:
+        cell = capacity.parse_cell(name)
+        args = parse_args(capacity.launcher_argv(cell, capacity.plan(cell, 140.0), "policy", "classmate", "d.jsonl",
+                                                 "/tmp/x", "vllm", 2, 256, False))
+        params = {"policy": capacity.params(capacity.SHAPES[cell.policy]),
+                  "classmate": capacity.params(capacity.SHAPES[cell.classmate])}
+        if host_memory_problem(args, params, int(125.87e9), env={})[0]:
+            refused.append(name)
+    assert sorted(refused) == ["7b+0.5b/2k/1gpu", "7b+0.5b/8k/1gpu", "7b+1.5b/2k/1gpu", "7b+1.5b/8k/1gpu"]
+
+
 def test_capacity_rows_come_from_the_launcher_log(capacity):
     cell = capacity.parse_cell("1.5b+0.5b/2k/1gpu")
     lines = ["INFO ppo_trainer.py:551] ✨ Global step 1: {'timing/step_total': 60.5, 'response_length': 2048.0}",
@@ -936,3 +969,16 @@ def test_the_standalone_engine_is_killed_with_its_children(tmp_path):
     a = SimpleNamespace(work=str(tmp_path), prompts=16, samples=8, gpus=1, new_tokens=512, models=str(tmp_path))
     assert step_time.standalone(a, {}, left_s=41.9) == {
         "standalone": {"skipped": f"42 s left, ~{step_time.STANDALONE_ESTIMATE_S} s needed"}}
+
+
+def test_launcher_profile_times_the_launchers_check_and_its_socket_lookups(tmp_path):
+    # bench/launcher_profile.py: where the launcher's ~20 s before Ray go on the GPU machine (GPU_RESULTS section 12)
+    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "launcher_profile.py"), "--out", str(tmp_path),
+                          "--backend", "hf"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.load(open(tmp_path / "launcher_profile.json"))
+    assert result["error"] is None and result["main_s"] > 0 and result["lookups"] == []
+    top = result["cumulative"][0]
+    assert "openrlhf_classmate/cli/train_ppo_ray.py:" in top["function"] and top["function"].endswith(" main")
+    assert top["cumulative_s"] == pytest.approx(result["main_s"], rel=0.2)
+    assert "check passed: the run would start" in out.stdout

@@ -1,5 +1,5 @@
-"""A Ray actor of the run that died (an engine killed mid-rollout, a training rank lost, the OOM killer), told in one
-line.
+"""A Ray actor of the run that died (an engine killed mid-rollout, a training rank lost, the OOM killer), or a worker
+Ray's memory monitor killed (``ray.exceptions.OutOfMemoryError``: the node's host memory ran out), told in one line.
 
 Ray reports it as ``ActorDiedError`` (a ``RayActorError``) inside the controller's ``RayTaskError``, about 60 lines of
 two tracebacks with the useful part, the dead actor's class, in the middle. The launcher asks
@@ -23,11 +23,32 @@ def _field(text: str, name: str) -> str | None:
     return found.group(1) if found else None
 
 
-def actor_died_message(exc: BaseException, ckpt_path: str | None) -> str | None:
-    """One ``error:`` line when ``exc`` holds a Ray actor's death, else None."""
-    from ray.exceptions import RayActorError
+_KILLED_RE = {name: re.compile(pattern) for name, pattern in (
+    ("task", r"task name=([^,\s]+)"), ("pid", r"pid=(\d+)"), ("used", r"actual memory used=([\d.]+\s*GB)"),
+    ("node", r"Memory on the node .*? was ([\d.]+\s*GB / [\d.]+\s*GB)"), ("threshold", r"threshold of ([\d.]+)"))}
 
-    dead = next((e for e in exception_chain(exc) if isinstance(e, RayActorError)), None)
+
+def memory_killed_message(text: str, ckpt_path: str | None) -> str:
+    """The line for a worker Ray's memory monitor killed (``ray.exceptions.OutOfMemoryError``'s text)."""
+    found = {name: m.group(1) if (m := pattern.search(text)) else None for name, pattern in _KILLED_RE.items()}
+    who = found["task"] or "a worker"
+    what = ", ".join(x for x in (f"process {found['pid']}" if found["pid"] else None, found["used"]) if x)
+    node = f" with this node's memory at {found['node']}" if found["node"] else ""
+    threshold = f", above its threshold {float(found['threshold']):g}" if found["threshold"] else ""
+    return (f"error: Ray's memory monitor killed {who}{f' ({what})' if what else ''}{node}{threshold}: the run's "
+            "processes need more host memory than the node has (--check lists what the offload and sleep flags keep "
+            f"there); the run stopped. {resume_hint(ckpt_path)}")
+
+
+def actor_died_message(exc: BaseException, ckpt_path: str | None) -> str | None:
+    """One ``error:`` line when ``exc`` holds a Ray actor's death or a worker killed for host memory, else None."""
+    from ray.exceptions import OutOfMemoryError, RayActorError
+
+    chain = list(exception_chain(exc))
+    killed = next((e for e in chain if isinstance(e, OutOfMemoryError)), None)
+    if killed is not None:
+        return memory_killed_message(str(killed), ckpt_path)
+    dead = next((e for e in chain if isinstance(e, RayActorError)), None)
     if dead is None:
         return None
     text = str(dead)

@@ -17,6 +17,8 @@ is one :class:`PreflightError` line naming the flag, the file (and line) or the 
 * the think tags in the tokenizers (the policy's when a classmate or the ``after_think`` reward splits on them);
 * with ``--ckpt.load_enable``: the checkpoint a resume would load (a torn ``latest`` tag falls back, with a warning;
   nothing saved yet: a warning that the run starts from step 0; a checkpoint folder without a usable tag: an error);
+* host memory: what the offload and sleep flags keep in each node's RAM, against the node
+  (:mod:`openrlhf_classmate.integration.launch.host_memory`);
 * no build lock left by a killed DeepSpeed op build (:mod:`openrlhf_classmate.integration.launch.build_locks`),
   which would make the run wait forever while it sets up its models.
 
@@ -429,6 +431,11 @@ def preflight(args: SimpleNamespace) -> PreflightReport:
             check_model_path("--reward.model_name_or_path", path.strip(), report)
     if args.critic.model_name_or_path:
         check_model_path("--critic.model_name_or_path", args.critic.model_name_or_path, report)
+    from openrlhf_classmate.integration.launch.host_memory import check_host_memory
+
+    problem = check_host_memory(args, report.lines, report.warnings)  # the offloaded state against this node's RAM
+    if problem:
+        raise PreflightError(problem)
     check_writable_dir("--ckpt.path", args.ckpt.path)
     check_writable_dir("--ckpt.output_dir", args.ckpt.output_dir)
     check_writable_dir("--logger.tensorboard_dir", args.logger.tensorboard_dir)

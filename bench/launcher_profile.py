@@ -1,0 +1,122 @@
+"""Where the launcher's own seconds go before Ray starts (``startup/launcher_preflight_s``: ~20 s on the H200 machine,
+1.8 s on a 2-core CPU machine): ``train_ppo_ray.main(["--check", ...])`` under cProfile, on a tiny local model.
+
+    python bench/launcher_profile.py --out DIR [--model FOLDER] [--backend auto|vllm|hf]
+
+Writes ``DIR/launcher_profile.json``: the wall seconds of ``main``, the 40 functions with the most cumulative and the
+most own time, and every socket name lookup or connection with its seconds and the frames that made it (a machine
+without network answers a DNS lookup only after its resolver's timeout, a constant cost that cProfile shows as time
+inside ``getaddrinfo``). ``--check`` runs the same parsing, upstream pin check and preflight as a real launch, and
+writes nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+LOOKUPS = ("getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getfqdn", "create_connection")
+
+
+def watch_sockets(record: list[dict]) -> None:
+    """Time every name lookup and connection this process makes, with the 8 innermost frames outside this file."""
+    for name in LOOKUPS:
+        original = getattr(socket, name)
+
+        def timed(*a, _original=original, _name=name, **k):
+            t = time.perf_counter()
+            try:
+                return _original(*a, **k)
+            finally:
+                frames = [f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-1]
+                          if f.filename != __file__][-8:]
+                record.append({"call": _name, "args": repr(a[:2])[:120], "s": round(time.perf_counter() - t, 3),
+                               "frames": frames})
+
+        setattr(socket, name, timed)
+
+
+def top(profile: cProfile.Profile, key: str, n: int = 40) -> list[dict]:
+    stats = pstats.Stats(profile, stream=io.StringIO())
+    rows = []
+    for (path, line, func), (_cc, calls, own, cum, _callers) in stats.stats.items():
+        rows.append({"function": f"{path}:{line} {func}", "calls": calls, "own_s": round(own, 3),
+                     "cumulative_s": round(cum, 3)})
+    rows.sort(key=lambda r: -r[key])
+    return rows[:n]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for launcher_profile.json")
+    p.add_argument("--model", help="a model folder for the policy and classmate (default: a tiny one built here)")
+    p.add_argument("--backend", default="auto", choices=("auto", "vllm", "hf"), help="--engine.backend")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    lookups: list[dict] = []
+    watch_sockets(lookups)
+
+    from openrlhf_classmate.testing.tiny_models import save_tiny_model
+
+    work = tempfile.mkdtemp(prefix="launcher_profile_")
+    policy = a.model or save_tiny_model(os.path.join(work, "policy"), ["1", "2", "+", "=", "?"], hidden_size=8,
+                                        num_layers=1, num_heads=2)
+    chat = [{"role": "user", "content": "1 + 1 = ?"}]
+    data = os.path.join(work, "train.jsonl")
+    label = json.dumps({"data_source": "gsm8k", "ground_truth": "2", "messages": chat})
+    with open(data, "w") as f:
+        f.writelines(json.dumps({"prompt": chat, "label": label}) + "\n" for _ in range(64))
+    argv = ["--check", "--actor.model_name_or_path", policy, "--classmate.model_name_or_path", policy,
+            "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+            "--engine.backend", a.backend, "--data.prompt_dataset", data, "--data.input_key", "prompt",
+            "--data.label_key", "label", "--data.apply_chat_template", "--rollout.n_samples_per_prompt", "2",
+            "--rollout.batch_size", "2", "--rollout.micro_batch_size", "1", "--train.batch_size", "4",
+            "--ckpt.path", os.path.join(work, "ckpt")]
+    if a.backend != "hf":  # one GPU: the production layout, as bench/step_time.py launches it
+        argv += ["--train.colocate_all", "--classmate.placement", "share", "--vllm.gpu_memory_utilization", "0.3",
+                 "--classmate.gpu_memory_utilization", "0.2"]
+    lookups.clear()  # the tiny model's own imports are not the launcher's
+
+    t0 = time.perf_counter()
+    from openrlhf_classmate.cli import train_ppo_ray  # what `python -m` imports before main()
+
+    imported = time.perf_counter()
+    profile = cProfile.Profile()
+    profile.enable()
+    error = None
+    try:
+        train_ppo_ray.main(argv)
+    except SystemExit as e:  # a refused preflight still shows where its seconds went
+        error = str(e)
+    finally:
+        profile.disable()
+    done = time.perf_counter()
+    result = {"backend": a.backend, "error": error, "import_s": round(imported - t0, 3), "main_s": round(done - imported, 3),
+              "lookups": lookups, "lookup_s": round(sum(r["s"] for r in lookups), 3),
+              "cumulative": top(profile, "cumulative_s"), "own": top(profile, "own_s")}
+    path = os.path.join(a.out, "launcher_profile.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
+    print(f"launcher import {result['import_s']:.2f} s, main(--check) {result['main_s']:.2f} s, "
+          f"{len(lookups)} socket lookups/connections {result['lookup_s']:.2f} s -> {path}")
+    for r in result["cumulative"][:25]:
+        print(f"  {r['cumulative_s']:8.2f} {r['own_s']:8.2f}  {r['function'][-110:]}")
+    for r in lookups:
+        print(f"  socket {r['call']}{r['args']} {r['s']:.2f} s  <- {' <- '.join(reversed(r['frames'][-3:]))}")
+
+
+if __name__ == "__main__":
+    main()
