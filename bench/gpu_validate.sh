@@ -12,8 +12,11 @@
 #   compile-sites   byte-compile both sites (python -m compileall), as pip does by default: both installs skip it
 #                   (the bundle carries no .pyc), so without it every process compiles vLLM, Ray and DeepSpeed from
 #                   source at import, on every import where PYTHONDONTWRITEBYTECODE is set (device.txt says)
-#   launcherprof    bench/launcher_profile.py: the launcher's parsing and preflight (`--check`) under cProfile, with
-#                   every socket lookup timed; launcher_profile.json
+#   coldstart       bench/cold_start.py (COLD_ARGS): launches of the 0.5B-shaped run, each after removing vLLM's and
+#                   Triton's caches, alternating with and without the launcher's model inspection ahead of the
+#                   engines; cold_start.json (two launches: ~460 s)
+#   launcherprof    bench/launcher_profile.py (LAUNCHERPROF_ARGS, e.g. --model FOLDER): the launcher's parsing and
+#                   preflight (`--check`) under cProfile, with every socket lookup timed; launcher_profile.json
 #   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
 #   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
 #   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)
@@ -141,9 +144,15 @@ for step in "${steps[@]}"; do
       done ;;
     prepare-bench)
       python3 bench/step_time.py --prepare-only || status=1 ;;
+    coldstart)
+      need_vllm; need_trainer
+      # shellcheck disable=SC2086
+      python3 bench/cold_start.py --out "$OUT" --work "$WORK/cold_start" --models "$WORK/step_time_models" \
+        --budget-s "$(left)" ${COLD_ARGS:-} || status=1 ;;
     launcherprof)
       need_vllm; need_trainer
-      timeout "$(left)" python3 bench/launcher_profile.py --out "$OUT" || status=1 ;;
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 bench/launcher_profile.py --out "$OUT" ${LAUNCHERPROF_ARGS:-} || status=1 ;;
     tests)
       need_vllm; need_trainer
       # the real vLLM's Python API under the CPU test suite (tests/conftest.py: DeepSpeed on its CPU accelerator)

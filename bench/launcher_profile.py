@@ -68,11 +68,13 @@ def main() -> None:
     lookups: list[dict] = []
     watch_sockets(lookups)
 
-    from openrlhf_classmate.testing.tiny_models import save_tiny_model
-
     work = tempfile.mkdtemp(prefix="launcher_profile_")
-    policy = a.model or save_tiny_model(os.path.join(work, "policy"), ["1", "2", "+", "=", "?"], hidden_size=8,
-                                        num_layers=1, num_heads=2)
+    policy = a.model
+    if policy is None:  # the tiny model's build imports torch and transformers before main(): --model does not
+        from openrlhf_classmate.testing.tiny_models import save_tiny_model
+
+        policy = save_tiny_model(os.path.join(work, "policy"), ["1", "2", "+", "=", "?"], hidden_size=8, num_layers=1,
+                                 num_heads=2)
     chat = [{"role": "user", "content": "1 + 1 = ?"}]
     data = os.path.join(work, "train.jsonl")
     label = json.dumps({"data_source": "gsm8k", "ground_truth": "2", "messages": chat})

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 
 import openrlhf_classmate  # noqa: F401  (CPU shims first)
@@ -355,6 +356,24 @@ def models_while_engines_start(args, kv_plan: dict[str, int]) -> bool:
     return fits
 
 
+def inspect_models_ahead(args) -> threading.Thread | None:
+    """vLLM's model-class inspection of the engines' models, started in the background before Ray starts, so that the
+    engines find its cache warm (``integration/rollout/model_inspection.py``); one line saying so or why not."""
+    from openrlhf_classmate.integration.classmate_config import log_resolved
+    from openrlhf_classmate.integration.rollout.model_inspection import start_inspection
+
+    if args.engine.backend != "vllm":
+        return None
+    paths = [args.actor.model_name_or_path] if args.vllm.num_engines else []
+    paths += list(args.classmate.model_name_or_path or []) if classmate_enabled(args) else []
+    if not paths:
+        return None
+    thread, how = start_inspection(paths, log=log_resolved)
+    log_resolved(f"vLLM's model inspection ahead of the engines: {how} (its cache: $VLLM_CACHE_ROOT/modelinfos, "
+                 "default ~/.cache/vllm)")
+    return thread
+
+
 def run(args) -> TrainerFactory:
     """Train with parsed ``args``; returns the factory (its ``handle`` is the controller actor, for tests)."""
     t0 = time.time()
@@ -372,6 +391,7 @@ def run(args) -> TrainerFactory:
     clock.seconds["launcher"] = now - launched  # Python's imports, parsing, the preflight
     clock.seconds.update(launcher_parts)  # main()'s: its imports, the parsing and preflight
     clock.seconds.update(launcher_upstream_imports=t1 - t0, launcher_kv_plan=now - t1)
+    inspect_models_ahead(args)
     with clock.phase("ray"):
         init_ray(args, {**reward_env(args), **engine_env(args, kv_plan)})
     patches.install_experience()

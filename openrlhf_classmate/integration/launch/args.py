@@ -2,7 +2,8 @@
 
 Upstream's parser and its validation live inside ``if __name__ == "__main__":`` of
 ``openrlhf/cli/train_ppo_ray.py`` and cannot be imported. Instead of copying ~430 lines we parse that file with
-``ast`` and execute its own statements: everything before ``args = parser.parse_args()`` builds the parser, we add
+``ast`` (read as text: importing the module would import Ray, DeepSpeed, the trainer and vLLM, which parsing does not
+need) and execute its own statements: everything before ``args = parser.parse_args()`` builds the parser, we add
 the ``--classmate.*`` group and ``--config``, parse, then execute upstream's post-processing (``hierarchize`` and all
 its checks) minus the final ``train(args)`` call. So every upstream flag, default and check is upstream's own.
 
@@ -49,10 +50,14 @@ from __future__ import annotations
 
 import argparse
 import ast
-import inspect
+import builtins
+import importlib
+import importlib.util
+import os
 import re
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -106,10 +111,25 @@ def check_flag_groups(args: SimpleNamespace) -> None:
             raise SystemExit(f"error: {problem}")
 
 
-def _upstream_main_block() -> tuple[list[ast.stmt], list[ast.stmt], str]:
-    import openrlhf.cli.train_ppo_ray as upstream
+UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
+# what upstream's main block reads of its module's globals (its imports): the rest of them, Ray and the trainer
+# stack, only its train() uses
+_MAIN_BLOCK_GLOBALS = {"argparse": argparse, "datetime": datetime, "os": os}
 
-    source = inspect.getsource(upstream)
+
+def _upstream_source() -> str:
+    """``openrlhf/cli/train_ppo_ray.py``'s text, read without importing it: its imports pull in Ray, DeepSpeed,
+    transformers and vLLM (8-9 s of the launcher's start on a CPU machine, more on the GPU machine), which parsing
+    and the preflight do not need; the run imports them after the preflight."""
+    spec = importlib.util.find_spec(UPSTREAM_CLI)  # imports the openrlhf and openrlhf.cli packages only
+    if spec is None or not spec.origin:
+        raise RuntimeError(f"{UPSTREAM_CLI} is not installed")
+    with open(spec.origin, encoding="utf-8") as f:
+        return f.read()
+
+
+def _upstream_main_block() -> tuple[list[ast.stmt], list[ast.stmt], str]:
+    source = _upstream_source()
     tree = ast.parse(source)
     main = [
         node
@@ -131,12 +151,29 @@ def _upstream_main_block() -> tuple[list[ast.stmt], list[ast.stmt], str]:
     return build, post[:-1], source
 
 
+def free_names(stmts: list[ast.stmt]) -> set[str]:
+    """The names ``stmts`` read without binding them themselves (module globals or builtins)."""
+    bound, read = set(), set()
+    for node in (n for stmt in stmts for n in ast.walk(stmt)):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, ast.Store | ast.Del) else read).add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return read - bound - set(dir(builtins))
 
-def _upstream_namespace() -> dict[str, Any]:
-    """A copy of upstream's module globals (its imports), as the main block would see them, minus ``__main__``."""
-    import openrlhf.cli.train_ppo_ray as upstream
 
-    namespace = dict(vars(upstream))
+def _upstream_namespace(stmts: list[ast.stmt]) -> dict[str, Any]:
+    """The globals ``stmts`` of upstream's main block run with: its module's, as the block would see them, minus
+    ``__main__``. Where the block reads only :data:`_MAIN_BLOCK_GLOBALS` (0.11.2: argparse and datetime), those,
+    without importing the module; else the module's own (``tests/test_launcher_parse_speed.py`` checks both)."""
+    if free_names(stmts) - {"args", "parser"} <= set(_MAIN_BLOCK_GLOBALS):  # those two parse_args() provides
+        namespace = dict(_MAIN_BLOCK_GLOBALS)
+    else:
+        namespace = dict(vars(importlib.import_module(UPSTREAM_CLI)))
     namespace["__name__"] = "openrlhf_classmate_args"
     return namespace
 
@@ -149,7 +186,7 @@ def _exec(stmts: list[ast.stmt], namespace: dict[str, Any]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Upstream's parser plus the ``--classmate.*`` group and ``--config``."""
     build, _, _ = _upstream_main_block()
-    namespace = _upstream_namespace()
+    namespace = _upstream_namespace(build)
     _exec(build, namespace)
     parser: argparse.ArgumentParser = namespace["parser"]
     parser.prog = "python -m openrlhf_classmate.cli.train_ppo_ray"
@@ -392,7 +429,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimpleNamespace:
         raise SystemExit("error: classmate estimators normalise per prompt group: set "
                          "--rollout.n_samples_per_prompt >= 2")
     _, post, _ = _upstream_main_block()
-    namespace = _upstream_namespace()
+    namespace = _upstream_namespace(post)
     namespace.update(args=flat, parser=parser)
     try:
         _exec(post, namespace)
