@@ -77,7 +77,8 @@ def test_classmate_training_runs_checkpoints_and_resumes(tmp_path):
     phases = {k: v[1] for k, v in tb.items() if k.startswith("train/startup/") and k != "train/startup/first_step_s"
               and not (k.startswith("train/startup/launcher_") and k != "train/startup/launcher_s")}
     # the launcher phase's parts, inside it: imports, parsing and preflight, upstream's launcher, the KV plan
-    inside = {p: tb[f"train/startup/launcher_{p}_s"][1] for p in ("imports", "preflight", "upstream_imports", "kv_plan")}
+    inside = {p: tb[f"train/startup/launcher_{p}_s"][1] for p in ("imports", "preflight", "upstream_imports", "kv_plan",
+                                                                     "inspection")}
     assert min(inside["imports"], inside["preflight"]) > 0 and min(inside.values()) >= 0
     assert sum(inside.values()) <= tb["train/startup/launcher_s"][1] + 0.05
     assert set(phases) == {f"train/startup/{p}_s" for p in ("launcher", "ray", "policy_engines", "classmate_engines",

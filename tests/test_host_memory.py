@@ -147,7 +147,7 @@ def test_a_worker_killed_by_rays_memory_monitor_ends_the_run_in_one_line(tmp_pat
     except RuntimeError as e:
         message = actor_died_message(e, str(tmp_path / "none"))
     assert message == (
-        "error: Ray's memory monitor killed ClassmatePolicyModelActor.__init__ (process 2341, 89.22GB) with this "
+        "error: Ray's memory monitor killed ClassmatePolicyModelActor.__init__ (process 2341, 89.22GB) with its "
         "node's memory at 123.66GB / 125.87GB, above its threshold 0.95: the run's processes need more host memory "
         "than the node has (--check lists what the offload and sleep flags keep there); the run stopped. No "
         "checkpoint was saved yet: start again (--ckpt.save_steps sets how often one is written).")

@@ -387,11 +387,12 @@ def run(args) -> TrainerFactory:
     clock = StartupClock()
     t1 = time.time()
     kv_plan = kv_cache_plan(args)
+    t2 = time.time()
+    inspect_models_ahead(args)  # its thread runs on through Ray's start and the engines'
     now = time.time()
     clock.seconds["launcher"] = now - launched  # Python's imports, parsing, the preflight
     clock.seconds.update(launcher_parts)  # main()'s: its imports, the parsing and preflight
-    clock.seconds.update(launcher_upstream_imports=t1 - t0, launcher_kv_plan=now - t1)
-    inspect_models_ahead(args)
+    clock.seconds.update(launcher_upstream_imports=t1 - t0, launcher_kv_plan=t2 - t1, launcher_inspection=now - t2)
     with clock.phase("ray"):
         init_ray(args, {**reward_env(args), **engine_env(args, kv_plan)})
     patches.install_experience()

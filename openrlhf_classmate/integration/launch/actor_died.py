@@ -33,7 +33,7 @@ def memory_killed_message(text: str, ckpt_path: str | None) -> str:
     found = {name: m.group(1) if (m := pattern.search(text)) else None for name, pattern in _KILLED_RE.items()}
     who = found["task"] or "a worker"
     what = ", ".join(x for x in (f"process {found['pid']}" if found["pid"] else None, found["used"]) if x)
-    node = f" with this node's memory at {found['node']}" if found["node"] else ""
+    node = f" with its node's memory at {found['node']}" if found["node"] else ""
     threshold = f", above its threshold {float(found['threshold']):g}" if found["threshold"] else ""
     return (f"error: Ray's memory monitor killed {who}{f' ({what})' if what else ''}{node}{threshold}: the run's "
             "processes need more host memory than the node has (--check lists what the offload and sleep flags keep "

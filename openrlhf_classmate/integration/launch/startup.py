@@ -28,8 +28,8 @@ PHASES = ("launcher", "ray", "policy_engines", "classmate_engines", "driver_setu
           "step_1")
 # the launcher phase's parts (seconds["launcher_<part>"], startup/launcher_<part>_s), which the line shows inside it:
 # Python's imports up to main(), the parsing and preflight, the import of upstream's launcher (vLLM, DeepSpeed), the
-# KV-cache plan (the GPU's memory asked)
-LAUNCHER_PARTS = ("imports", "preflight", "upstream_imports", "kv_plan")
+# KV-cache plan (the GPU's memory asked), the start of vLLM's model inspection ahead of the engines (its thread)
+LAUNCHER_PARTS = ("imports", "preflight", "upstream_imports", "kv_plan", "inspection")
 
 
 def process_start_time() -> float:
