@@ -247,21 +247,26 @@ STAGES = [
 ]
 
 
-# Ray's memory monitor killing a worker for the node's host memory; the killed task names the stage
-HOST_KILL = re.compile(r"killed due to the node running low on memory.*?task name=([\w.]+)")
+# Ray's memory monitor killing a worker for the node's host memory, as Ray words it and as the launcher's one line
+# does (integration/launch/actor_died.py); the killed task names the stage
+HOST_KILL = re.compile(r"killed due to the node running low on memory.*?task name=([\w.]+)|"
+                       r"^error: Ray's memory monitor killed ([\w.]+)", re.MULTILINE)
+RAY_STARTED = re.compile(r"Started a local Ray instance|Connected to Ray cluster")
 
 
 def failure(log_text: str) -> tuple[str, str | None]:
-    """``(outcome, stage)`` of a failed run from its log: ``refused`` (the launcher's one ``error:`` line before
-    anything started), ``host OOM`` (Ray's memory monitor killed a worker: the stage is the killed task's), ``OOM``
-    with the stage that ran out of GPU memory, ``timeout`` (the watchdog's line) or ``error`` (the stage where
+    """``(outcome, stage)`` of a failed run from its log: ``host OOM`` (Ray's memory monitor killed a worker: the
+    stage is the killed task's), ``refused`` (the launcher's one ``error:`` line before Ray started: its preflight),
+    ``OOM`` with the stage that ran out of GPU memory, ``timeout`` (the watchdog's line) or ``error`` (the stage where
     known)."""
     lines = log_text.splitlines()
-    if any(line.startswith("error: ") for line in lines) and "Traceback" not in log_text:
-        return "refused", None
     killed = HOST_KILL.search(log_text)
     if killed:
-        return "host OOM", next((stage for stage, pattern in STAGES if pattern.search(killed.group(1))), None)
+        task = killed.group(1) or killed.group(2)
+        return "host OOM", next((stage for stage, pattern in STAGES if pattern.search(task)), None)
+    refusal = next((i for i, line in enumerate(lines) if line.startswith("error: ")), None)
+    if refusal is not None and not RAY_STARTED.search("\n".join(lines[:refusal])) and "Traceback" not in log_text:
+        return "refused", None
     hit = next((i for i, line in enumerate(lines) if OOM.search(line)), None)
     if hit is None:
         if "[watchdog] killed" in log_text:

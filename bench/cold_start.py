@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,10 +65,19 @@ def launch(i: int, before: bool, a, rest: list[str]) -> dict:
     work = os.path.join(a.work, f"launch{i}")
     env = {**os.environ, NO_INSPECTION_ENV: "1"} if before else {k: v for k, v in os.environ.items()
                                                                   if k != NO_INSPECTION_ENV}
+    # step_time's own budget stops its launcher (in a session of its own, under the watchdog) within the limit; the
+    # wait below, a minute longer, is the backstop for step_time itself
     cmd = [sys.executable, os.path.join(BENCH, "step_time.py"), "--runs", "gdpo", "--steps", "2", "--fresh",
-           "--out", out, "--work", work, "--models", a.models, "--run-estimate-s", "60", *rest]
+           "--out", out, "--work", work, "--models", a.models, "--run-estimate-s", "60",
+           "--budget-s", str(a.launch_timeout_s), *rest]
     t0 = time.time()
-    code = subprocess.run(cmd, env=env, timeout=a.launch_timeout_s).returncode
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        code: int | str = proc.wait(timeout=a.launch_timeout_s + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        code = "timeout"
     row = {"launch": i, "path": "before" if before else "after", "exit": code, "wall_s": round(time.time() - t0, 1)}
     try:
         with open(next(os.path.join(out, f) for f in sorted(os.listdir(out)) if f.startswith("step_time_"))) as f:

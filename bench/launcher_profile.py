@@ -21,6 +21,7 @@ import pstats
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -31,15 +32,22 @@ LOOKUPS = ("getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", 
 
 
 def watch_sockets(record: list[dict]) -> None:
-    """Time every name lookup and connection this process makes, with the 8 innermost frames outside this file."""
+    """Time every name lookup and connection this process makes, with the 8 innermost frames outside this file; a
+    call inside another watched one (``create_connection`` looks its host up) is the outer one's time, not counted
+    twice."""
+    depth = threading.local()
     for name in LOOKUPS:
         original = getattr(socket, name)
 
         def timed(*a, _original=original, _name=name, **k):
+            if getattr(depth, "n", 0):
+                return _original(*a, **k)
+            depth.n = 1
             t = time.perf_counter()
             try:
                 return _original(*a, **k)
             finally:
+                depth.n = 0
                 frames = [f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-1]
                           if f.filename != __file__][-8:]
                 record.append({"call": _name, "args": repr(a[:2])[:120], "s": round(time.perf_counter() - t, 3),

@@ -754,15 +754,24 @@ def test_capacity_tells_host_memory_from_gpu_memory_and_a_refusal_from_a_crash(c
         log = f.read()
     assert "determine_available_memory" in log or "gpu_memory_utilization" in log  # the engines' lines are there
     assert capacity.failure(log) == ("host OOM", "model load")
-    refused = "[openrlhf_classmate] --engine.backend vllm\nerror: host memory: --ds.adam_offload: ... 137.1 GB\n"
+    refused = "[openrlhf_classmate] --engine.backend vllm\nerror: host memory: --ds.adam_offload: ... 127.7 GiB\n"
     assert capacity.failure(refused) == ("refused", None)
     row = capacity.read_log(capacity.parse_cell("7b+1.5b/2k/1gpu"), refused, steps=2)
-    assert row["outcome"] == "refused" and row["reason"] == "error: host memory: --ds.adam_offload: ... 137.1 GB"
+    assert row["outcome"] == "refused" and row["reason"] == "error: host memory: --ds.adam_offload: ... 127.7 GiB"
+    # the launcher's own one line for the same kill (no traceback since): still a host OOM, not a refusal
+    started = "2026-11-29 12:05:40,1\tINFO worker.py:2012 -- Started a local Ray instance.\n"
+    one_line = (started + "error: Ray's memory monitor killed ClassmatePolicyModelActor.__init__ (process 2341, 89.22 "
+                "GiB) with its node's memory at 123.66 / 125.87 GiB, above its threshold 0.95: ...\n")
+    assert capacity.failure(one_line) == ("host OOM", "model load")
+    # the watchdog's stop, which the launcher now ends in one SIGTERM line: a timeout, not a refusal
+    stopped = (started + "[watchdog] killed after 900 s (timeout)\nerror: the run received SIGTERM (a scheduler's "
+               "preemption, kill or timeout) and stopped.\n")
+    assert capacity.failure(stopped) == ("timeout", None)
 
 
 def test_the_launcher_refuses_exactly_the_7b_one_gpu_cells_on_the_h200_node(capacity):
-    # the grid's plans against the lent machine's 125.87 GB (Ray's 0.95 of it): the 7B policy on one GPU needs Adam
-    # offload, whose 122 GB of CPU state does not fit beside the sleeping engine's weights; every other cell does
+    # the grid's plans against the lent machine's 125.87 GiB (Ray's 0.95 of it): the 7B policy on one GPU needs Adam
+    # offload, whose 113.5 GiB of CPU state does not fit beside the sleeping engine's weights; every other cell does
     from openrlhf_classmate.integration.launch.host_memory import host_memory_problem
 
     refused = []
@@ -772,7 +781,7 @@ def test_the_launcher_refuses_exactly_the_7b_one_gpu_cells_on_the_h200_node(capa
                                                  "/tmp/x", "vllm", 2, 256, False))
         params = {"policy": capacity.params(capacity.SHAPES[cell.policy]),
                   "classmate": capacity.params(capacity.SHAPES[cell.classmate])}
-        if host_memory_problem(args, params, int(125.87e9), env={})[0]:
+        if host_memory_problem(args, params, int(125.87 * 2**30), env={})[0]:
             refused.append(name)
     assert sorted(refused) == ["7b+0.5b/2k/1gpu", "7b+0.5b/8k/1gpu", "7b+1.5b/2k/1gpu", "7b+1.5b/8k/1gpu"]
 
@@ -982,3 +991,22 @@ def test_launcher_profile_times_the_launchers_check_and_its_socket_lookups(tmp_p
     assert "openrlhf_classmate/cli/train_ppo_ray.py:" in top["function"] and top["function"].endswith(" main")
     assert top["cumulative_s"] == pytest.approx(result["main_s"], rel=0.2)
     assert "check passed: the run would start" in out.stdout
+
+
+def test_launcher_profile_counts_a_connection_and_its_lookup_once():
+    import socket
+
+    profile = _bench("launcher_profile")
+    saved = {name: getattr(socket, name) for name in profile.LOOKUPS}
+    server = socket.create_server(("127.0.0.1", 0))
+    record: list[dict] = []
+    try:
+        profile.watch_sockets(record)
+        socket.create_connection(("localhost", server.getsockname()[1]), timeout=5).close()
+        socket.getaddrinfo("127.0.0.1", 80)
+    finally:
+        for name, original in saved.items():
+            setattr(socket, name, original)
+        server.close()
+    assert [r["call"] for r in record] == ["create_connection", "getaddrinfo"]  # the inner lookup is the outer's
+    assert all(0 <= r["s"] < 5 for r in record)

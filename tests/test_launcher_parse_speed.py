@@ -15,21 +15,30 @@ from openrlhf_classmate.integration.launch import args as launch_args
 
 def test_the_pinned_main_block_reads_only_argparse_and_datetime_of_its_module():
     # 0.11.2: the parser's statements use argparse and datetime, the post-processing none of the module's globals
-    # (hierarchize is imported inside it); a release whose block reads more still parses, through the module itself
+    # (hierarchize is imported inside it); a release whose block reads more still parses (the next test)
     build, post, _ = launch_args._upstream_main_block()
     assert launch_args.free_names(build) == {"argparse", "datetime"}
     assert launch_args.free_names(post) == set()
-    assert launch_args._upstream_namespace(build).keys() == {"argparse", "datetime", "os", "__name__"}
+    namespace = launch_args._upstream_namespace(build)
+    import argparse
+    from datetime import datetime
+
+    assert namespace.keys() - {"__builtins__"} == {"argparse", "datetime", "__name__"}
+    assert namespace["argparse"] is argparse and namespace["datetime"] is datetime  # as upstream imports them
 
 
-def test_a_block_reading_another_global_gets_the_modules_own():
+def test_a_block_reading_other_globals_gets_them_as_the_module_binds_them():
+    # a name one of the module's imports binds: that import alone
     stmts = ast.parse("strategy = get_strategy\nparser = argparse.ArgumentParser()").body
     assert launch_args.free_names(stmts) == {"get_strategy", "argparse"}
     namespace = launch_args._upstream_namespace(stmts)
     launch_args._exec(stmts, namespace)
     from openrlhf.utils import get_strategy
 
-    assert namespace["strategy"] is get_strategy
+    assert namespace["strategy"] is get_strategy and "ray" not in namespace
+    # a function of the module itself: the module's own globals
+    namespace = launch_args._upstream_namespace(ast.parse("f = train").body)
+    assert callable(namespace["train"]) and "ray" in namespace
 
 
 def test_parsing_imports_neither_ray_nor_the_trainer(tmp_path):

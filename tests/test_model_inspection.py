@@ -72,9 +72,13 @@ def test_a_failed_inspection_is_one_line_and_nothing_starts_where_nothing_can(tm
     thread.join(timeout=30)
     assert lines == [f"vLLM's model inspection of {arch} ahead of the engines failed (RuntimeError: Error raised in "
                      "subprocess: ModuleNotFoundError); the engines inspect it themselves"]
-    # this machine's (no vLLM): the registry's import fails, nothing starts
-    thread, how = model_inspection.start_inspection([policy])
-    assert thread is None and how.startswith("not started: vLLM's model registry is not readable here (")
+    # a machine without vLLM: the registry's import fails, nothing starts
+    def no_vllm():
+        raise ImportError("No module named 'vllm.model_executor'")
+
+    thread, how = model_inspection.start_inspection([policy], registry=no_vllm)
+    assert thread is None and how == ("not started: vLLM's model registry is not readable here (ImportError: No module "
+                                      "named 'vllm.model_executor')")
     assert model_inspection.start_inspection(["Qwen/Qwen2.5-7B"], registry=lambda: registry)[1] == (
         "not started: no local model folder names an architecture in its config.json")
     assert model_inspection.start_inspection([policy], registry=lambda: SimpleNamespace(models={}))[1] == (

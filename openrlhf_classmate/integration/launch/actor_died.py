@@ -23,18 +23,30 @@ def _field(text: str, name: str) -> str | None:
     return found.group(1) if found else None
 
 
-_KILLED_RE = {name: re.compile(pattern) for name, pattern in (
-    ("task", r"task name=([^,\s]+)"), ("pid", r"pid=(\d+)"), ("used", r"actual memory used=([\d.]+\s*GB)"),
-    ("node", r"Memory on the node .*? was ([\d.]+\s*GB / [\d.]+\s*GB)"), ("threshold", r"threshold of ([\d.]+)"))}
+# Ray's memory-monitor line (2.55; older releases say "name=" and "memory used="), each field's patterns in order of
+# preference; Ray's "GB" are GiB (bytes / 2**30)
+_NUMBER = r"(\d+(?:\.\d+)?)"
+_KILLED_RE = {name: [re.compile(p) for p in patterns] for name, patterns in (
+    ("task", (r"task name=([^,\s]+)", r"\bname=([^,\s]+)")), ("pid", (r"\bpid=(\d+)",)),
+    ("used", (rf"actual memory used={_NUMBER}\s*GB", rf"memory used={_NUMBER}\s*GB")),
+    ("node", (rf"Memory on the node .*? was {_NUMBER}\s*GB / {_NUMBER}\s*GB",)),
+    ("threshold", (rf"threshold of {_NUMBER}",)))}
+
+
+def _search(name: str, text: str) -> re.Match | None:
+    return next((m for pattern in _KILLED_RE[name] if (m := pattern.search(text))), None)
 
 
 def memory_killed_message(text: str, ckpt_path: str | None) -> str:
-    """The line for a worker Ray's memory monitor killed (``ray.exceptions.OutOfMemoryError``'s text)."""
-    found = {name: m.group(1) if (m := pattern.search(text)) else None for name, pattern in _KILLED_RE.items()}
-    who = found["task"] or "a worker"
-    what = ", ".join(x for x in (f"process {found['pid']}" if found["pid"] else None, found["used"]) if x)
-    node = f" with its node's memory at {found['node']}" if found["node"] else ""
-    threshold = f", above its threshold {float(found['threshold']):g}" if found["threshold"] else ""
+    """The line for a worker Ray's memory monitor killed (``ray.exceptions.OutOfMemoryError``'s text); whatever of
+    it cannot be read is left out of the line."""
+    found = {name: _search(name, text) for name in _KILLED_RE}
+    who = found["task"].group(1) if found["task"] else "a worker"
+    what = ", ".join(x for x in (f"process {found['pid'].group(1)}" if found["pid"] else None,
+                                 f"{found['used'].group(1)} GiB" if found["used"] else None) if x)
+    node = (f" with its node's memory at {found['node'].group(1)} / {found['node'].group(2)} GiB"
+            if found["node"] else "")
+    threshold = f", above its threshold {float(found['threshold'].group(1)):g}" if found["threshold"] else ""
     return (f"error: Ray's memory monitor killed {who}{f' ({what})' if what else ''}{node}{threshold}: the run's "
             "processes need more host memory than the node has (--check lists what the offload and sleep flags keep "
             f"there); the run stopped. {resume_hint(ckpt_path)}")

@@ -51,13 +51,12 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import functools
 import importlib
 import importlib.util
-import os
 import re
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -112,11 +111,9 @@ def check_flag_groups(args: SimpleNamespace) -> None:
 
 
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
-# what upstream's main block reads of its module's globals (its imports): the rest of them, Ray and the trainer
-# stack, only its train() uses
-_MAIN_BLOCK_GLOBALS = {"argparse": argparse, "datetime": datetime, "os": os}
 
 
+@functools.lru_cache(maxsize=1)
 def _upstream_source() -> str:
     """``openrlhf/cli/train_ppo_ray.py``'s text, read without importing it: its imports pull in Ray, DeepSpeed,
     transformers and vLLM (8-9 s of the launcher's start on a CPU machine, more on the GPU machine), which parsing
@@ -166,12 +163,21 @@ def free_names(stmts: list[ast.stmt]) -> set[str]:
     return read - bound - set(dir(builtins))
 
 
+def _binds(node: ast.Import | ast.ImportFrom) -> set[str]:
+    return {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+
+
 def _upstream_namespace(stmts: list[ast.stmt]) -> dict[str, Any]:
-    """The globals ``stmts`` of upstream's main block run with: its module's, as the block would see them, minus
-    ``__main__``. Where the block reads only :data:`_MAIN_BLOCK_GLOBALS` (0.11.2: argparse and datetime), those,
-    without importing the module; else the module's own (``tests/test_launcher_parse_speed.py`` checks both)."""
-    if free_names(stmts) - {"args", "parser"} <= set(_MAIN_BLOCK_GLOBALS):  # those two parse_args() provides
-        namespace = dict(_MAIN_BLOCK_GLOBALS)
+    """The globals ``stmts`` of upstream's main block run with, as the block would see them, minus ``__main__``: the
+    module's own top-level imports that bind the names the statements read (0.11.2: ``import argparse`` and ``from
+    datetime import datetime``), run on their own, so that the module's other imports (Ray, the trainer) are not;
+    where a name read is no such import's (a function or constant of the module), the module's own globals."""
+    needed = free_names(stmts) - {"args", "parser"}  # the two parse_args() provides
+    imports = [node for node in ast.parse(_upstream_source()).body
+               if isinstance(node, ast.Import | ast.ImportFrom) and _binds(node) & needed]
+    namespace: dict[str, Any] = {}
+    if needed <= set().union(*map(_binds, imports)):
+        _exec(imports, namespace)
     else:
         namespace = dict(vars(importlib.import_module(UPSTREAM_CLI)))
     namespace["__name__"] = "openrlhf_classmate_args"
