@@ -49,6 +49,24 @@ def test_weights_are_read_from_a_local_folder_only(tmp_path):
     assert weight_bytes(str(tmp_path / "empty")) is None
 
 
+
+def test_weights_shipped_twice_are_counted_once(tmp_path):
+    # a repository with its shards and a consolidated.safetensors of the same weights (Mistral's): the shards, or
+    # the files its index names; an optimizer's file is never weights
+    path = _model(tmp_path, "both", 3000, "model-00001-of-00002.safetensors")
+    with open(os.path.join(path, "model-00002-of-00002.safetensors"), "wb") as f:
+        f.truncate(1000)
+    for name, size in (("consolidated.safetensors", 4000), ("optimizer.safetensors", 9000)):
+        with open(os.path.join(path, name), "wb") as f:
+            f.truncate(size)
+    assert weight_bytes(path) == 4000
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors"}},
+                  f)
+    assert weight_bytes(path) == 3000
+    assert weight_bytes(_model(tmp_path, "only", 4000, "consolidated.safetensors")) == 4000  # all there is
+
+
 def test_each_group_gets_its_size_and_the_engine_finds_its_own(tmp_path):
     policy = _model(tmp_path, "policy", int(0.92 * GIB))
     args = _args("--actor.model_name_or_path", policy, "--classmate.model_name_or_path", policy,

@@ -360,13 +360,11 @@ def inspect_models_ahead(args) -> threading.Thread | None:
     """vLLM's model-class inspection of the engines' models, started in the background before Ray starts, so that the
     engines find its cache warm (``integration/rollout/model_inspection.py``); one line saying so or why not."""
     from openrlhf_classmate.integration.classmate_config import log_resolved
+    from openrlhf_classmate.integration.rollout.engine_memory import engine_groups
     from openrlhf_classmate.integration.rollout.model_inspection import start_inspection
 
-    if args.engine.backend != "vllm":
-        return None
-    paths = [args.actor.model_name_or_path] if args.vllm.num_engines else []
-    paths += list(args.classmate.model_name_or_path or []) if classmate_enabled(args) else []
-    if not paths:
+    paths = [model for _, model, _, _ in engine_groups(args)]
+    if args.engine.backend != "vllm" or not paths:
         return None
     thread, how = start_inspection(paths, log=log_resolved)
     log_resolved(f"vLLM's model inspection ahead of the engines: {how} (its cache: $VLLM_CACHE_ROOT/modelinfos, "

@@ -420,10 +420,15 @@ def uses_separated_loss(args: SimpleNamespace) -> bool:
     return classmate_enabled(args) and (cfg.loss == "vanilla_classmate" or cfg.estimator in SEPARATED_ESTIMATORS)
 
 
+def classmate_engines_sleep(args: SimpleNamespace) -> bool:
+    """Whether the classmate engines sleep while the policy generates and trains (``--classmate.placement colocate``
+    or ``--classmate.enable_sleep``), their weights then in host memory."""
+    return args.classmate.placement == "colocate" or bool(args.classmate.enable_sleep)
+
+
 def _group_dispatch_obstacle(args: SimpleNamespace) -> str | None:
     """Why the classmate requests cannot be sent per prompt group in this run (None: they can)."""
-    cfg = args.classmate
-    if cfg.placement == "colocate" or cfg.enable_sleep:
+    if classmate_engines_sleep(args):
         return ("the classmate engines sleep during the rollout (--classmate.placement colocate or "
                 "--classmate.enable_sleep)")
     generate = getattr(args.rollout, "vllm_generate_batch_size", None)

@@ -125,9 +125,14 @@ def _upstream_source() -> str:
         return f.read()
 
 
+@functools.lru_cache(maxsize=1)
+def _upstream_tree() -> ast.Module:
+    """:func:`_upstream_source` parsed, once per process (compiling its statements leaves the tree as it is)."""
+    return ast.parse(_upstream_source())
+
+
 def _upstream_main_block() -> tuple[list[ast.stmt], list[ast.stmt], str]:
-    source = _upstream_source()
-    tree = ast.parse(source)
+    source, tree = _upstream_source(), _upstream_tree()
     main = [
         node
         for node in tree.body
@@ -173,7 +178,7 @@ def _upstream_namespace(stmts: list[ast.stmt]) -> dict[str, Any]:
     datetime import datetime``), run on their own, so that the module's other imports (Ray, the trainer) are not;
     where a name read is no such import's (a function or constant of the module), the module's own globals."""
     needed = free_names(stmts) - {"args", "parser"}  # the two parse_args() provides
-    imports = [node for node in ast.parse(_upstream_source()).body
+    imports = [node for node in _upstream_tree().body
                if isinstance(node, ast.Import | ast.ImportFrom) and _binds(node) & needed]
     namespace: dict[str, Any] = {}
     if needed <= set().union(*map(_binds, imports)):

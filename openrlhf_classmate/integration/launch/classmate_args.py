@@ -13,6 +13,7 @@ from openrlhf_classmate.integration.classmate_config import (
     _fail,
     _group_dispatch_obstacle,
     classmate_enabled,
+    classmate_engines_sleep,
     log_resolved,
     real_package,
     registry_reward_in_use,
@@ -114,7 +115,7 @@ def validate_classmate_args(args: SimpleNamespace) -> None:
         _fail("classmate training needs policy rollout engines: set --vllm.num_engines >= 1")
     if args.rollout.n_samples_per_prompt < 2:
         _fail("classmate estimators normalise per prompt group: set --rollout.n_samples_per_prompt >= 2")
-    if args.train.async_enable and (cfg.placement == "colocate" or cfg.enable_sleep):
+    if args.train.async_enable and classmate_engines_sleep(args):
         _fail("--train.async_enable overlaps rollouts with training, which vLLM sleep mode cannot (upstream refuses "
               "--vllm.enable_sleep with async too): use --classmate.placement separate or share without "
               "--classmate.enable_sleep")

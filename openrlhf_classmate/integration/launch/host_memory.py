@@ -25,12 +25,14 @@ be a training node, so the line is a warning there.
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
 import struct
 from types import SimpleNamespace
+
+from openrlhf_classmate.integration.classmate_config import classmate_engines_sleep
+from openrlhf_classmate.integration.rollout.engine_memory import safetensors_files
 
 GIB = 2**30  # what Ray's memory monitor prints as "GB", and free -g
 ADAM_OFFLOAD_BYTES = 16  # fp32 master weights 4 + Adam moments 4 + 4 + fp32 gradients 4 (DeepSpeed's CPU optimizer)
@@ -38,21 +40,6 @@ DS_SLEEP_BYTES = 14  # offload_deepspeed_states: Adam moments 8, fp32 master wei
 BF16_BYTES = 2
 RAY_THRESHOLD = 0.95  # Ray's default RAY_memory_usage_threshold
 MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header is JSON of names and shapes: kilobytes, never this
-
-
-def _safetensors_files(folder: str) -> list[str]:
-    """The weight files of a model folder: those its ``model.safetensors.index.json`` maps tensors to where it has
-    one (a repository may also ship a ``consolidated.safetensors`` beside the shards: counted once), else every
-    ``*.safetensors`` but ``consolidated*``, unless that is all there is."""
-    try:
-        with open(os.path.join(folder, "model.safetensors.index.json"), encoding="utf-8") as f:
-            named = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(folder, name) for name in named]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    files = sorted(glob.glob(os.path.join(glob.escape(folder), "*.safetensors")))
-    plain = [f for f in files if not os.path.basename(f).startswith("consolidated")]
-    return plain or files
 
 
 def _tensor_elements(name: str) -> int | None:
@@ -75,7 +62,7 @@ def parameter_count(path: str) -> int | None:
     folder = os.path.expanduser(path)
     if not os.path.isdir(folder):
         return None
-    files = _safetensors_files(folder)
+    files = safetensors_files(folder)
     counts = [_tensor_elements(name) for name in files]
     if not counts or any(c is None for c in counts):
         return None
@@ -138,7 +125,7 @@ def host_parts(args: SimpleNamespace, params: dict[str, int]) -> list[tuple[str,
         parts.append((f"--vllm.enable_sleep: {args.vllm.num_engines} sleeping policy engine(s)' weights",
                       BF16_BYTES * policy * args.vllm.num_engines / actor_nodes))
     cfg = args.classmate
-    if cfg.model_name_or_path and (cfg.placement == "colocate" or cfg.enable_sleep) and cfg.num_engines:
+    if cfg.model_name_or_path and classmate_engines_sleep(args) and cfg.num_engines:
         weights = sum(params.get(p, 0) for p in cfg.model_name_or_path)
         parts.append((f"sleeping classmate engines' weights ({cfg.num_engines} per classmate)",
                       BF16_BYTES * weights * cfg.num_engines / actor_nodes))

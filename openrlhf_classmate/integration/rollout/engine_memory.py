@@ -25,6 +25,7 @@ profiling.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 from types import SimpleNamespace
@@ -33,18 +34,40 @@ GIB = 2**30
 RESERVE_BYTES = GIB  # vLLM's activation peak, CUDA graphs and non-torch memory, beside ...
 RESERVE_WEIGHT_FRACTION = 0.2  # ... a share of the weights (larger models: larger activations and graphs)
 MIN_KV_BYTES = GIB // 2  # below this the fraction is too small to be worked out safely: let vLLM profile
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+WEIGHT_PATTERNS = ("*.bin", "*.pt")  # PyTorch weight files, where a folder has no safetensors ones
+
+
+def _weight_files(folder: str, pattern: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
+    return [f for f in files if "optimizer" not in os.path.basename(f)]
+
+
+def safetensors_files(folder: str) -> list[str]:
+    """The safetensors weight files of a model folder: those its ``model.safetensors.index.json`` maps tensors to where
+    it has one (a repository may also ship a ``consolidated.safetensors`` beside the shards: counted once), else every
+    ``*.safetensors`` but ``consolidated*``, unless that is all there is; never an optimizer's file."""
+    try:
+        with open(os.path.join(folder, "model.safetensors.index.json"), encoding="utf-8") as f:
+            named = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(folder, name) for name in named]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    files = _weight_files(folder, "*.safetensors")
+    plain = [f for f in files if not os.path.basename(f).startswith("consolidated")]
+    return plain or files
 
 
 def weight_bytes(path: str) -> int | None:
-    """The size on disk of a local model folder's weights (safetensors, else PyTorch files), or None for a hub id or
-    a folder without weight files."""
+    """The size on disk of a local model folder's weights (safetensors, :func:`safetensors_files`, else PyTorch
+    files), or None for a hub id or a folder without weight files."""
     if not os.path.isdir(path):
         return None
-    for pattern in WEIGHT_PATTERNS:
-        files = [f for f in glob.glob(os.path.join(path, pattern)) if "optimizer" not in os.path.basename(f)]
+    for files in (safetensors_files(path), *(_weight_files(path, pattern) for pattern in WEIGHT_PATTERNS)):
         if files:
-            return sum(os.path.getsize(f) for f in files)
+            try:
+                return sum(os.path.getsize(f) for f in files)
+            except OSError:  # a file the index names is missing: no size to go by
+                return None
     return None
 
 

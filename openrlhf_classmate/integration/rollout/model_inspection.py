@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-# a benchmark switch (bench/step_time.py --cold-start): the launch without the inspection, for its before/after pair
+# a benchmark switch (bench/cold_start.py): the launch without the inspection, for its before/after pair
 NO_INSPECTION_ENV = "OPENRLHF_CLASSMATE_BENCH_NO_INSPECTION"
 
 
