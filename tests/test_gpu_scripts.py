@@ -867,10 +867,14 @@ def test_a_cell_row_is_on_disk_before_the_wait_for_the_gpus(capacity, monkeypatc
     assert [row["after_gib"] for row in final] == [{"0": 0.5}, {"0": 0.5}]
 
 
-def test_the_committed_capacity_rows_are_what_their_logs_say(capacity):
-    wave = os.path.join(REPO, "bench", "gpu_results", "wave10")
+@pytest.mark.parametrize("folder, logs", [
+    ("wave10", {"7b+1.5b/2k/2gpu": "cap_7b-1.5b_2k_2gpu.log.gz", "1.5b+0.5b/2k/1gpu": "cap_1.5b-0.5b_2k_1gpu.log.gz"}),
+    ("wave16/capacity", {c: c.replace("+", "_p_").replace("/", "_") + ".log.gz"  # CUDA graphs, 8k tokens
+                         for c in ("1.5b+1.5b/8k/1gpu", "3b+0.5b/8k/1gpu", "3b+1.5b/8k/1gpu")}),
+])
+def test_the_committed_capacity_rows_are_what_their_logs_say(capacity, folder, logs):
+    wave = os.path.join(REPO, "bench", "gpu_results", *folder.split("/"))
     committed = json.load(open(os.path.join(wave, "capacity.json")))
-    logs = {"7b+1.5b/2k/2gpu": "cap_7b-1.5b_2k_2gpu.log.gz", "1.5b+0.5b/2k/1gpu": "cap_1.5b-0.5b_2k_1gpu.log.gz"}
     rebuilt = capacity.rows_from_logs([f"{c}={os.path.join(wave, f)}" for c, f in logs.items()], 2,
                                       committed["gpu_gib"])
     for row, again in zip(committed["cells"], rebuilt, strict=True):
