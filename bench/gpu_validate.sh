@@ -17,6 +17,8 @@
 #                   engines; cold_start.json (two launches: ~460 s)
 #   launcherprof    bench/launcher_profile.py (LAUNCHERPROF_ARGS, e.g. --model FOLDER): the launcher's parsing and
 #                   preflight (`--check`) under cProfile, with every socket lookup timed; launcher_profile.json
+#                   (--imports: each heavy package imported in a fresh process, the CUDA driver's start, and
+#                   `-X importtime` of the same --check per package)
 #   tests           the vLLM-touching test files against the real vLLM (pytest; count in tests.txt)
 #   evaluate        bench/gpu_evaluate.py: cli.evaluate with the vLLM backend (main + classmate + monitor, fake judge)
 #   vllm1 vllm1a vllm1b   bench/gpu_validate.py, one GPU, real vLLM engines (vllm1a/b: the plan split over 2 calls)

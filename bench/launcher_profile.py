@@ -8,17 +8,26 @@ most own time, and every socket name lookup or connection with its seconds and t
 without network answers a DNS lookup only after its resolver's timeout, a constant cost that cProfile shows as time
 inside ``getaddrinfo``). ``--check`` runs the same parsing, upstream pin check and preflight as a real launch, and
 writes nothing else.
+
+``--imports`` adds what cProfile cannot show well: each heavy package imported alone in a fresh process (twice: the
+first may read the files from disk, the second finds them in the page cache), a bare interpreter's start, the CUDA
+driver's start (``torch.cuda.device_count()`` after ``import torch``), and ``python -X importtime`` of the same
+``main(["--check", ...])`` in a fresh process, summed per top-level package (``imports`` in the JSON). On the GPU
+machine the launcher's preflight took 12-18 s where this 2-core machine takes 2.6 s (GPU_RESULTS section 13): this
+says whether it is the imports, the driver, or neither.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import io
 import json
 import os
 import pstats
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -66,11 +75,78 @@ def top(profile: cProfile.Profile, key: str, n: int = 40) -> list[dict]:
     return rows[:n]
 
 
+HEAVY = ("torch", "transformers", "ray", "deepspeed", "vllm", "openrlhf.trainer.ray")
+CUDA_START = ("import time, torch; t = time.perf_counter(); n = torch.cuda.device_count() if torch.cuda.is_available() "
+              "else 0; print(n, time.perf_counter() - t)")
+
+
+def timed_process(code: list[str], timeout_s: float = 300) -> dict:
+    """Wall seconds of one fresh Python process running ``code`` (its arguments after the interpreter)."""
+    t = time.perf_counter()
+    try:
+        run = subprocess.run([sys.executable, *code], capture_output=True, text=True, timeout=timeout_s,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get(
+                                 "PYTHONPATH")]))})
+    except subprocess.TimeoutExpired:
+        return {"s": None, "error": f"over {timeout_s:.0f} s"}
+    out = {"s": round(time.perf_counter() - t, 3)}
+    if run.returncode:
+        out["error"] = (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1][-300:]
+    out["stdout"], out["stderr"] = run.stdout, run.stderr
+    return out
+
+
+def importtime_by_package(stderr: str) -> tuple[float, list[dict]]:
+    """``python -X importtime``'s lines (``import time: self [us] | cumulative | name``, nested names indented) per
+    top-level package: ``s``, the outermost imports' cumulative seconds (a package that imports torch first carries
+    torch's time), and ``own_s``, its modules' own seconds wherever they were imported from. Returns the total and the
+    packages, most ``s`` first."""
+    outer: collections.Counter = collections.Counter()
+    own: collections.Counter = collections.Counter()
+    for line in stderr.splitlines():
+        if not line.startswith("import time:"):
+            continue
+        parts = line[len("import time:"):].split("|")
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue  # the header line
+        name = parts[2][1:].rstrip()  # after the separator's space, two more per level of nesting
+        package = name.strip().split(".")[0]
+        own[package] += int(parts[0]) / 1e6
+        if not name.startswith(" "):  # not nested inside an outer import (that one's cumulative holds it)
+            outer[package] += int(parts[1]) / 1e6
+    rows = [{"package": k, "s": round(outer[k], 3), "own_s": round(own[k], 3)}
+            for k in sorted(own, key=lambda k: (-outer[k], -own[k]))]
+    return round(sum(outer.values()), 3), rows
+
+
+def import_costs(argv: list[str], modules: tuple[str, ...]) -> dict:
+    """Fresh processes: the bare interpreter, each module alone (twice), the CUDA driver's start, and ``-X
+    importtime`` of the launcher's ``main(--check)``."""
+    result: dict = {"bare_s": timed_process(["-c", "pass"])["s"], "modules": {}}
+    for module in modules:
+        runs = [timed_process(["-c", f"import {module}"]) for _ in range(2)]
+        result["modules"][module] = {"s": [r["s"] for r in runs], "error": runs[-1].get("error")}
+    cuda = timed_process(["-c", CUDA_START])
+    try:
+        count, seconds = cuda["stdout"].split()
+        result["cuda_start"] = {"devices": int(count), "s": round(float(seconds), 3), "process_s": cuda["s"]}
+    except ValueError:
+        result["cuda_start"] = {"error": cuda.get("error") or cuda["stdout"][-300:]}
+    check = timed_process(["-X", "importtime", "-c", "import sys; from openrlhf_classmate.cli.train_ppo_ray import "
+                           f"main; main({argv!r})"])
+    total, packages = importtime_by_package(check["stderr"])
+    result["check"] = {"process_s": check["s"], "error": check.get("error"), "import_s": total,
+                       "packages": packages[:25]}
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for launcher_profile.json")
     p.add_argument("--model", help="a model folder for the policy and classmate (default: a tiny one built here)")
     p.add_argument("--backend", default="auto", choices=("auto", "vllm", "hf"), help="--engine.backend")
+    p.add_argument("--imports", action="store_true", help="also time imports and the CUDA driver in fresh processes")
+    p.add_argument("--modules", default=",".join(HEAVY), help="with --imports: the modules imported one at a time")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     lookups: list[dict] = []
@@ -116,6 +192,8 @@ def main() -> None:
     result = {"backend": a.backend, "error": error, "import_s": round(imported - t0, 3), "main_s": round(done - imported, 3),
               "lookups": lookups, "lookup_s": round(sum(r["s"] for r in lookups), 3),
               "cumulative": top(profile, "cumulative_s"), "own": top(profile, "own_s")}
+    if a.imports:
+        result["imports"] = import_costs(argv, tuple(m for m in a.modules.split(",") if m))
     path = os.path.join(a.out, "launcher_profile.json")
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)
@@ -126,6 +204,16 @@ def main() -> None:
         print(f"  {r['cumulative_s']:8.2f} {r['own_s']:8.2f}  {r['function'][-110:]}")
     for r in lookups:
         print(f"  socket {r['call']}{r['args']} {r['s']:.2f} s  <- {' <- '.join(reversed(r['frames'][-3:]))}")
+    if a.imports:
+        imports = result["imports"]
+        print(f"fresh processes: bare interpreter {imports['bare_s']:.2f} s; CUDA start {imports['cuda_start']}")
+        for module, r in imports["modules"].items():
+            print(f"  import {module}: {r['s']} s" + (f"  ({r['error']})" if r["error"] else ""))
+        check = imports["check"]
+        print(f"  main(--check) in a fresh process {check['process_s']} s, of which imports {check['import_s']} s:")
+        print("    outermost  own  package")
+        for r in check["packages"][:12]:
+            print(f"    {r['s']:8.2f} {r['own_s']:6.2f}  {r['package']}")
 
 
 if __name__ == "__main__":

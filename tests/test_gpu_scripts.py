@@ -997,6 +997,38 @@ def test_launcher_profile_times_the_launchers_check_and_its_socket_lookups(tmp_p
     assert "check passed: the run would start" in out.stdout
 
 
+def test_launcher_profile_times_imports_and_the_cuda_start_in_fresh_processes(tmp_path):
+    # --imports: where the GPU machine's 12-18 s launcher preflight goes, when cProfile's process had imported first
+    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "launcher_profile.py"), "--out", str(tmp_path),
+                          "--backend", "hf", "--imports", "--modules", "json,no_such_module_here"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    imports = json.load(open(tmp_path / "launcher_profile.json"))["imports"]
+    assert imports["bare_s"] > 0 and all(s > 0 for s in imports["modules"]["json"]["s"])
+    assert imports["modules"]["json"]["error"] is None
+    assert "No module named 'no_such_module_here'" in imports["modules"]["no_such_module_here"]["error"]
+    assert imports["cuda_start"]["devices"] == 0 and imports["cuda_start"]["s"] >= 0  # no GPU here
+    check = imports["check"]
+    assert check["error"] is None and 0 < check["import_s"] < check["process_s"]
+    packages = {r["package"]: r for r in check["packages"]}
+    assert packages["openrlhf_classmate"]["s"] > 0 and "torch" in packages  # torch's own time, imported from inside
+
+
+def test_importtime_lines_are_summed_per_top_level_package():
+    profile = _bench("launcher_profile")
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", "import json"], capture_output=True, text=True,
+                         timeout=60)
+    json_line = [line for line in run.stderr.splitlines() if line.endswith("| json")]
+    cumulative_us = int(json_line[0].split("|")[1])
+    own_us = sum(int(line.split("|")[0][len("import time:"):]) for line in run.stderr.splitlines()
+                 if line.startswith("import time:") and line.split("|")[2].strip().split(".")[0] == "json")
+    total, rows = profile.importtime_by_package(run.stderr)
+    by = {r["package"]: r for r in rows}
+    assert by["json"]["s"] == round(cumulative_us / 1e6, 3) and by["json"]["own_s"] == round(own_us / 1e6, 3)
+    assert by["json"]["s"] >= by["json"]["own_s"] and total >= by["json"]["s"]
+    assert by["_json"]["s"] == 0 and by["_json"]["own_s"] >= 0  # nested in json's import: its own time only
+
+
 def test_launcher_profile_counts_a_connection_and_its_lookup_once():
     import socket
 
