@@ -10,7 +10,8 @@ inside ``getaddrinfo``). ``--check`` runs the same parsing, upstream pin check a
 writes nothing else.
 
 ``--imports`` adds what cProfile cannot show well: each heavy package imported alone in a fresh process (twice: the
-first may read the files from disk, the second finds them in the page cache), a bare interpreter's start, the CUDA
+first may read the files from disk, the second, under ``-X importtime``, finds them in the page cache and says which
+packages' modules took the time), a bare interpreter's start, the CUDA
 driver's start (``torch.cuda.device_count()`` after ``import torch``), and ``python -X importtime`` of the same
 ``main(["--check", ...])`` in a fresh process, summed per top-level package (``imports`` in the JSON). On the GPU
 machine the launcher's preflight took 12-18 s where this 2-core machine takes 2.6 s (GPU_RESULTS section 13): this
@@ -75,7 +76,9 @@ def top(profile: cProfile.Profile, key: str, n: int = 40) -> list[dict]:
     return rows[:n]
 
 
-HEAVY = ("torch", "transformers", "ray", "deepspeed", "vllm", "openrlhf.trainer.ray")
+# the launcher's heavy imports, and what an engine actor imports before vLLM's engine starts (our rollout module)
+HEAVY = ("torch", "transformers", "ray", "deepspeed", "vllm", "openrlhf.trainer.ray",
+         "openrlhf_classmate.integration.rollout.vllm_engine")
 CUDA_START = ("import time, torch; t = time.perf_counter(); n = torch.cuda.device_count() if torch.cuda.is_available() "
               "else 0; print(n, time.perf_counter() - t)")
 
@@ -123,9 +126,10 @@ def import_costs(argv: list[str], modules: tuple[str, ...]) -> dict:
     """Fresh processes: the bare interpreter, each module alone (twice), the CUDA driver's start, and ``-X
     importtime`` of the launcher's ``main(--check)``."""
     result: dict = {"bare_s": timed_process(["-c", "pass"])["s"], "modules": {}}
-    for module in modules:
-        runs = [timed_process(["-c", f"import {module}"]) for _ in range(2)]
-        result["modules"][module] = {"s": [r["s"] for r in runs], "error": runs[-1].get("error")}
+    for module in modules:  # the second run under -X importtime: where that module's seconds go, per package
+        runs = [timed_process([*flags, "-c", f"import {module}"]) for flags in ([], ["-X", "importtime"])]
+        result["modules"][module] = {"s": [r["s"] for r in runs], "error": runs[-1].get("error"),
+                                     "packages": importtime_by_package(runs[-1]["stderr"])[1][:10]}
     cuda = timed_process(["-c", CUDA_START])
     try:
         count, seconds = cuda["stdout"].split()
@@ -208,7 +212,8 @@ def main() -> None:
         imports = result["imports"]
         print(f"fresh processes: bare interpreter {imports['bare_s']:.2f} s; CUDA start {imports['cuda_start']}")
         for module, r in imports["modules"].items():
-            print(f"  import {module}: {r['s']} s" + (f"  ({r['error']})" if r["error"] else ""))
+            own = ", ".join(f"{p['package']} {p['own_s']:.1f}" for p in sorted(r["packages"], key=lambda p: -p["own_s"])[:5])
+            print(f"  import {module}: {r['s']} s" + (f"  ({r['error']})" if r["error"] else f"  own: {own}"))
         check = imports["check"]
         print(f"  main(--check) in a fresh process {check['process_s']} s, of which imports {check['import_s']} s:")
         print("    outermost  own  package")

@@ -1006,6 +1006,7 @@ def test_launcher_profile_times_imports_and_the_cuda_start_in_fresh_processes(tm
     imports = json.load(open(tmp_path / "launcher_profile.json"))["imports"]
     assert imports["bare_s"] > 0 and all(s > 0 for s in imports["modules"]["json"]["s"])
     assert imports["modules"]["json"]["error"] is None
+    assert {r["package"]: r["s"] for r in imports["modules"]["json"]["packages"]}["json"] > 0
     assert "No module named 'no_such_module_here'" in imports["modules"]["no_such_module_here"]["error"]
     assert imports["cuda_start"]["devices"] == 0 and imports["cuda_start"]["s"] >= 0  # no GPU here
     check = imports["check"]
