@@ -10,8 +10,7 @@ inside ``getaddrinfo``). ``--check`` runs the same parsing, upstream pin check a
 writes nothing else.
 
 ``--imports`` adds what cProfile cannot show well: each heavy package imported alone in a fresh process (twice: the
-first may read the files from disk, the second, under ``-X importtime``, finds them in the page cache and says which
-packages' modules took the time), a bare interpreter's start, the CUDA
+second under ``-X importtime``, which says which packages' modules took the time), a bare interpreter's start, the CUDA
 driver's start (``torch.cuda.device_count()`` after ``import torch``), and ``python -X importtime`` of the same
 ``main(["--check", ...])`` in a fresh process, summed per top-level package (``imports`` in the JSON). On the GPU
 machine the launcher's preflight took 12-18 s where this 2-core machine takes 2.6 s (GPU_RESULTS section 13): this
@@ -84,27 +83,31 @@ CUDA_START = ("import time, torch; t = time.perf_counter(); n = torch.cuda.devic
 
 
 def timed_process(code: list[str], timeout_s: float = 300) -> dict:
-    """Wall seconds of one fresh Python process running ``code`` (its arguments after the interpreter)."""
+    """Wall seconds of one fresh Python process running ``code`` (its arguments after the interpreter), its output,
+    and ``error`` (the last stderr line that is not ``-X importtime``'s) when it failed or ran past ``timeout_s``."""
     t = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
     try:
-        run = subprocess.run([sys.executable, *code], capture_output=True, text=True, timeout=timeout_s,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get(
-                                 "PYTHONPATH")]))})
+        run = subprocess.run([sys.executable, *code], capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return {"s": None, "error": f"over {timeout_s:.0f} s"}
-    out = {"s": round(time.perf_counter() - t, 3)}
+        return {"s": None, "error": f"over {timeout_s:.0f} s", "stdout": "", "stderr": ""}
+    out = {"s": round(time.perf_counter() - t, 3), "stdout": run.stdout, "stderr": run.stderr}
     if run.returncode:
-        out["error"] = (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1][-300:]
-    out["stdout"], out["stderr"] = run.stdout, run.stderr
+        said = [line for line in run.stderr.strip().splitlines() if not line.startswith("import time:")]
+        out["error"] = (said or [f"exit {run.returncode}"])[-1][-300:]
     return out
 
 
 def importtime_by_package(stderr: str) -> tuple[float, list[dict]]:
     """``python -X importtime``'s lines (``import time: self [us] | cumulative | name``, nested names indented) per
     top-level package: ``s``, the outermost imports' cumulative seconds (a package that imports torch first carries
-    torch's time), and ``own_s``, its modules' own seconds wherever they were imported from. Returns the total and the
-    packages, most ``s`` first."""
-    outer: collections.Counter = collections.Counter()
+    torch's time), and ``own_s``, its modules' own seconds wherever they were imported from. Returns the total of the
+    outermost imports and the packages, the largest of either figure first.
+
+    Two limits of the format: a module loaded by ``importlib.import_module`` (upstream's CLI through
+    ``launch/args.py``, transformers' lazy modules) has no line, so its own seconds are missing and its imports count
+    as outermost; and the interpreter's own start-up imports (``site``, ``encodings``, ...) are among the packages."""
+    outer: collections.Counter = collections.Counter()  # microseconds, summed as integers
     own: collections.Counter = collections.Counter()
     for line in stderr.splitlines():
         if not line.startswith("import time:"):
@@ -114,26 +117,33 @@ def importtime_by_package(stderr: str) -> tuple[float, list[dict]]:
             continue  # the header line
         name = parts[2][1:].rstrip()  # after the separator's space, two more per level of nesting
         package = name.strip().split(".")[0]
-        own[package] += int(parts[0]) / 1e6
+        own[package] += int(parts[0])
         if not name.startswith(" "):  # not nested inside an outer import (that one's cumulative holds it)
-            outer[package] += int(parts[1]) / 1e6
-    rows = [{"package": k, "s": round(outer[k], 3), "own_s": round(own[k], 3)}
-            for k in sorted(own, key=lambda k: (-outer[k], -own[k]))]
-    return round(sum(outer.values()), 3), rows
+            outer[package] += int(parts[1])
+    rows = [{"package": k, "s": round(outer[k] / 1e6, 3), "own_s": round(own[k] / 1e6, 3)}
+            for k in sorted(own, key=lambda k: -max(outer[k], own[k]))]
+    return round(sum(outer.values()) / 1e6, 3), rows
+
+
+def cuda_start(stdout: str) -> dict:
+    """The CUDA probe's last line, ``<devices> <seconds>`` (anything a library printed before it is not the probe's)."""
+    count, seconds = (stdout.strip().splitlines() or [""])[-1].split()
+    return {"devices": int(count), "s": round(float(seconds), 3)}
 
 
 def import_costs(argv: list[str], modules: tuple[str, ...]) -> dict:
-    """Fresh processes: the bare interpreter, each module alone (twice), the CUDA driver's start, and ``-X
-    importtime`` of the launcher's ``main(--check)``."""
+    """Fresh processes: the bare interpreter, each module alone (twice: the second under ``-X importtime``), the CUDA
+    driver's start, and ``-X importtime`` of the launcher's ``main(--check)``. They run after this process's own
+    profile, so the files are in the page cache for both runs."""
     result: dict = {"bare_s": timed_process(["-c", "pass"])["s"], "modules": {}}
-    for module in modules:  # the second run under -X importtime: where that module's seconds go, per package
+    for module in modules:
         runs = [timed_process([*flags, "-c", f"import {module}"]) for flags in ([], ["-X", "importtime"])]
-        result["modules"][module] = {"s": [r["s"] for r in runs], "error": runs[-1].get("error"),
+        errors = [r["error"] for r in runs if r.get("error")]
+        result["modules"][module] = {"s": [r["s"] for r in runs], "error": errors[-1] if errors else None,
                                      "packages": importtime_by_package(runs[-1]["stderr"])[1][:10]}
     cuda = timed_process(["-c", CUDA_START])
     try:
-        count, seconds = cuda["stdout"].split()
-        result["cuda_start"] = {"devices": int(count), "s": round(float(seconds), 3), "process_s": cuda["s"]}
+        result["cuda_start"] = {**cuda_start(cuda["stdout"]), "process_s": cuda["s"]}
     except ValueError:
         result["cuda_start"] = {"error": cuda.get("error") or cuda["stdout"][-300:]}
     check = timed_process(["-X", "importtime", "-c", "import sys; from openrlhf_classmate.cli.train_ppo_ray import "
@@ -210,7 +220,7 @@ def main() -> None:
         print(f"  socket {r['call']}{r['args']} {r['s']:.2f} s  <- {' <- '.join(reversed(r['frames'][-3:]))}")
     if a.imports:
         imports = result["imports"]
-        print(f"fresh processes: bare interpreter {imports['bare_s']:.2f} s; CUDA start {imports['cuda_start']}")
+        print(f"fresh processes: bare interpreter {imports['bare_s']} s; CUDA start {imports['cuda_start']}")
         for module, r in imports["modules"].items():
             own = ", ".join(f"{p['package']} {p['own_s']:.1f}" for p in sorted(r["packages"], key=lambda p: -p["own_s"])[:5])
             print(f"  import {module}: {r['s']} s" + (f"  ({r['error']})" if r["error"] else f"  own: {own}"))

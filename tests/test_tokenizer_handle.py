@@ -87,30 +87,3 @@ def test_the_generator_gives_each_real_engine_the_tokenizer_once_through_upstrea
         assert plain.vllm_engines[0].sizes == [len(pickle.dumps(tokenizer))]
     finally:
         ray.shutdown()
-
-
-def test_the_step_time_benchmarks_before_path_dispatches_the_tokenizer_itself(monkeypatch):
-    # bench/step_time.py --before tokenizer: blocks of one step, after (handle) then before (upstream's dispatch)
-    from openrlhf_classmate.integration import bench_switches
-    from openrlhf_classmate.integration.launch.args import parse_args
-    from openrlhf_classmate.integration.rollout import samples_generator as ours
-
-    sent = []
-
-    class Engine:
-        _actor_id = None
-        get_num_unfinished_requests = type("M", (), {"remote": staticmethod(lambda: 0)})()
-        generate_responses = type("M", (), {"remote": staticmethod(lambda **kw: sent.append(kw["hf_tokenizer"]))})()
-        remember_tokenizer = type("M", (), {"remote": staticmethod(lambda key, tok: None)})()
-
-    monkeypatch.setattr(ray, "get", lambda refs: refs)
-    monkeypatch.setattr(ray, "put", lambda value: value)
-    monkeypatch.setenv(bench_switches.BEFORE_ENV, "tokenizer")
-    generator = ours.ClassmateSamplesGenerator.__new__(ours.ClassmateSamplesGenerator)
-    generator.args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl"])
-    generator.tokenizer, generator.vllm_engines = "the tokenizer", [Engine()]
-    for step in (1, 2, 3):
-        generator.rollout_batches = step
-        generator._dispatch_prompts_to_vllm(["p"], ["l"], max_new_tokens=4, n_samples_per_prompt=1)
-    assert [type(t).__name__ for t in sent] == ["TokenizerHandle", "str", "TokenizerHandle"]
-    assert generator.tokenizer == "the tokenizer"

@@ -157,33 +157,23 @@ def test_the_engines_get_our_worker_extension_where_upstream_names_its_own():
     assert "update_weights_cuda_ipc_bucket" in dir(vllm_engine.CountingRolloutActor)
 
 
-@pytest.mark.parametrize("flags, cuda_ipc, before, expected", [
-    ([], True, "", "buckets"),
-    (["--engine.weight_sync_bucket_mb", "0"], True, "", "upstream"),  # the switch back to upstream's sync
-    ([], False, "", "upstream"),  # NCCL / gloo broadcast (not colocated)
-    (["--ds.tensor_parallel_size", "2", "--engine.backend", "vllm"], True, "", "upstream"),  # AutoTP gathers its own way
-    ([], True, "weightsync", "upstream on even syncs"),  # the benchmark's before path, every other sync
+@pytest.mark.parametrize("flags, cuda_ipc, expected", [
+    ([], True, "buckets"),
+    (["--engine.weight_sync_bucket_mb", "0"], True, "upstream"),  # the switch back to upstream's sync
+    ([], False, "upstream"),  # NCCL / gloo broadcast (not colocated)
+    (["--ds.tensor_parallel_size", "2", "--engine.backend", "vllm"], True, "upstream"),  # AutoTP gathers its own way
 ])
-def test_the_actor_uses_buckets_only_where_upstream_would_send_cuda_ipc(monkeypatch, flags, cuda_ipc, before,
-                                                                        expected):
+def test_the_actor_uses_buckets_only_where_upstream_would_send_cuda_ipc(monkeypatch, flags, cuda_ipc, expected):
     from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
-    from openrlhf_classmate.integration import bench_switches
     from openrlhf_classmate.integration.training import actor as actor_module
 
     ran = []
     monkeypatch.setattr(ActorPPOTrainer, "broadcast_to_vllm", lambda self: ran.append("upstream"))
     monkeypatch.setattr(weight_sync, "sync_buckets", lambda trainer, size: ran.append(("buckets", size)))
-    if before:
-        monkeypatch.setenv(bench_switches.BEFORE_ENV, before)
     trainer = actor_module.ClassmateActorPPOTrainer.__new__(actor_module.ClassmateActorPPOTrainer)
     args = parse_args(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d.jsonl", *flags])
     trainer.strategy, trainer.use_cuda_ipc, trainer.actor = SimpleNamespace(args=args), cuda_ipc, SimpleNamespace()
     for _ in range(4):
         trainer.broadcast_to_vllm()
-    if expected == "buckets":
-        assert ran == [("buckets", 512 << 20)] * 4
-    elif expected == "upstream":
-        assert ran == ["upstream"] * 4
-    else:
-        assert ran == [("buckets", 512 << 20), "upstream"] * 2
+    assert ran == ([("buckets", 512 << 20)] if expected == "buckets" else ["upstream"]) * 4

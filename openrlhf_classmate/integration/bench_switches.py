@@ -10,8 +10,9 @@ machine drift, so that each comparison is a pair measured inside one device call
   path (:func:`before_path`); the experience maker logs each rollout batch's path index as ``bench/before``, which
   ``bench/step_time.py --before`` splits the steps by.
 
-The pairs recorded so far (``dispatch``, ``seeds``, ``syncs``: ``bench/GPU_RESULTS.md``, ``bench/gpu_results/wave9``)
-had their before paths removed; :data:`BEFORE_CHANGES` lists the pairs not measured yet. A new pair plugs in with two
+The pairs recorded so far had their before paths removed (``dispatch``, ``seeds``, ``syncs``: ``bench/GPU_RESULTS.md``
+section 9, ``bench/gpu_results/wave9``; ``weightsync``, ``mismatch``, ``tokenizer``: sections 10 and 11,
+``wave13``, ``wave14``); :data:`BEFORE_CHANGES` lists the pairs not measured yet. A new pair plugs in with two
 edits: its name in
 :data:`BEFORE_CHANGES`, and one branch where its old code ran, ``if before_path(step) == "<name>": <the old path>``,
 ``step`` being the 1-based rollout batch (the experience maker's ``_batches_made``; a process without it, such as
@@ -24,12 +25,9 @@ import os
 
 ALTERNATE_ENV = "OPENRLHF_CLASSMATE_BENCH_ALTERNATE"
 BEFORE_ENV = "OPENRLHF_CLASSMATE_BENCH_BEFORE"
-# the changes whose before path the code still holds: the one-GPU overheads' pairs, each measured as before/after in
-# one run (bench/step_time.py --interleave --before ...):
-#   weightsync: upstream's per-parameter CUDA-IPC weight sync (the actor's own sync count; integration/training/actor.py)
-#   mismatch:   the sampled tokens' log-probs requested on every step (integration/rollout/samples_generator.py)
-#   tokenizer:  upstream's dispatch, the tokenizer pickled into every prompt group's call (samples_generator.py)
-BEFORE_CHANGES: tuple[str, ...] = ("weightsync", "mismatch", "tokenizer")
+# the changes whose before path the code still holds, each measured as before/after in one run
+# (bench/step_time.py --interleave --before ...): none today
+BEFORE_CHANGES: tuple[str, ...] = ()
 
 
 def alternating() -> bool:

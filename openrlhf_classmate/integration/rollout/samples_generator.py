@@ -28,7 +28,6 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _coll
 from openrlhf.utils.logging_utils import init_logger
 from tqdm import tqdm
 
-from openrlhf_classmate.integration import bench_switches
 from openrlhf_classmate.integration.classmate.classmate_stage import ClassmateRollout, merge_pending
 from openrlhf_classmate.integration.rollout import mismatch
 from openrlhf_classmate.integration.rollout.main_scores import (
@@ -90,10 +89,8 @@ class ClassmateSamplesGenerator(SamplesGenerator):
         self._first_group_s = None
         self.rollout_batches += 1
         step = self.rollout_batches
-        # the sampled tokens' log-probs on measured steps only (mismatch.measured_step; the step-time benchmark's
-        # "mismatch" pair asks for them on every step of its before path)
-        mismatch.set_measuring(mismatch.measured_step(step, self.args.engine.mismatch_interval)
-                               or bench_switches.before_path(step) == "mismatch")
+        # the sampled tokens' log-probs on measured steps only (mismatch.measured_step)
+        mismatch.set_measuring(mismatch.measured_step(step, self.args.engine.mismatch_interval))
         self._early = []  # (group, its classmate requests) in the order the groups joined the batch
         early = self.classmate_dispatch is not None and self.dispatch_next_per_group()
         self._dispatching = early
@@ -130,8 +127,6 @@ class ClassmateSamplesGenerator(SamplesGenerator):
     def _dispatch_prompts_to_vllm(self, prompts, labels, **kwargs):
         # upstream passes self.tokenizer in every engine call (pickled and unpickled per prompt group, seconds per
         # rollout at a 152k vocabulary): the engines get it once and each call a handle (tokenizer_handle.py)
-        if bench_switches.before_path(self.rollout_batches) == "tokenizer":
-            return super()._dispatch_prompts_to_vllm(prompts, labels, **kwargs)
         if not hasattr(self, "_tokenizer_shipping"):
             self._tokenizer_shipping = TokenizerShipping()
         tokenizer = self.tokenizer

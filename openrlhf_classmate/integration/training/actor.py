@@ -31,7 +31,6 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_classmate import ports
 from openrlhf_classmate.algo.losses import SeparatedPolicyLoss, VanillaClassmatePolicyLoss
-from openrlhf_classmate.integration import bench_switches
 from openrlhf_classmate.integration.classmate_config import classmate_enabled, uses_separated_loss
 from openrlhf_classmate.integration.patches import install_actor_model, install_actor_trainer
 from openrlhf_classmate.integration.training import weight_sync
@@ -178,18 +177,14 @@ class ClassmateActorPPOTrainer(ActorPPOTrainer):
         status.update(self.nonfinite.status())  # the controller logs the total and stops on the consecutive count
         return status
 
-    weight_syncs = 0  # this rank's weight syncs so far (the benchmark's "weightsync" pair counts its steps by them)
-
     def broadcast_to_vllm(self):
         """The CUDA-IPC sync in buckets (``integration/training/weight_sync.py``) where upstream would send one parameter at a
         time over CUDA IPC; upstream's own sync otherwise (NCCL / gloo broadcast, DeepSpeed tensor parallelism, VLM
         models, ``--engine.weight_sync_bucket_mb 0``)."""
-        self.weight_syncs += 1
         args = self.strategy.args
         bucket_mb = args.engine.weight_sync_bucket_mb
         if (not self.use_cuda_ipc or not bucket_mb or args.ds.tensor_parallel_size > 1
-                or getattr(self.actor, "is_vlm", False)
-                or bench_switches.before_path(self.weight_syncs) == "weightsync"):
+                or getattr(self.actor, "is_vlm", False)):
             return super().broadcast_to_vllm()
         return weight_sync.sync_buckets(self, bucket_mb << 20)
 
