@@ -100,6 +100,21 @@ GSM8K_CASES = [
     ("42", "no digits here", 0.0, None),
     ("42", "\\boxed{x}", 0.0, None),  # a box without a number: no fallback to numbers outside it
     (42, "The answer: 42.", 1.0, "42"),  # numeric ground truth
+    # a box's value is its last one: units and their exponents, remarks, the working before "=", a difference's minus
+    ("150", "\\boxed{150 \\text{ ft}^2}", 1.0, "150"),
+    ("150", "\\boxed{150 \\, \\text{cm}^3}", 1.0, "150"),
+    ("18", "\\boxed{18 \\text{ (in 2 hours)}}", 1.0, "18"),
+    ("40", "\\boxed{40 \\text{ (1/2 of 80)}}", 1.0, "40"),
+    ("30", "\\boxed{\\frac{3}{4} \\times 40 = 30}", 1.0, "30"),
+    ("2", "\\boxed{4-2}", 1.0, "2"),
+    ("-5", "\\boxed{-\\$5}", 1.0, "-5"),
+    ("-5", "\\boxed{(-5)}", 1.0, "-5"),  # a remark that is the whole answer stays
+    ("1500000", "\\boxed{1.5 \\times 10^6}", 1.0, "1.5 \\times 10^6"),
+    ("2.5", "\\boxed{2 \\frac{1}{2}}", 1.0, "2 \\frac{1}{2}"),  # mixed numbers
+    ("6.5", "\\boxed{6\\frac{1}{2}}", 1.0, "6\\frac{1}{2}"),
+    ("2.5", "\\boxed{2 1/2}", 1.0, "2 1/2"),
+    ("0.75", "\\boxed{3/4 \\text{ of the cake}}", 1.0, "3/4"),
+    ("40", "\\boxed{\\frac{3}{4} \\times 40}", 1.0, "40"),  # a fraction before the last number is not the answer
 ]
 
 

@@ -134,6 +134,8 @@ def test_arithmetic(response, ground_truth, score):
         ("Lyon", {"ground_truth": "Paris"}, 0.0),
         ("It is 0.5000001", {"ground_truth": "0.5", "numeric": True}, 1.0),
         ("It is 1/2", {"ground_truth": "0.5", "numeric": True}, 0.0),  # numeric mode reads the last number: 2
+        ("\\boxed{1/2}", {"ground_truth": "1/2", "numeric": True}, 1.0),  # a box is read as gsm8k reads it
+        ("\\boxed{12} (checked 3 times)", {"ground_truth": "12", "numeric": True}, 1.0),
         ("about 2,500 km", {"ground_truth": 2500, "numeric": True}, 1.0),
     ],
 )

@@ -8,7 +8,7 @@ from typing import Any
 
 from openrlhf_classmate.scoring.base import BaseScorer
 from openrlhf_classmate.scoring.labels import LabelError, require_scalar
-from openrlhf_classmate.scoring.math import answer_value, last_number, last_number_value, numbers_equal
+from openrlhf_classmate.scoring.math import answer_value, final_number, last_number, numbers_equal
 from openrlhf_classmate.scoring.result import ScoreResult
 
 
@@ -20,8 +20,9 @@ def normalise_text(text: str) -> str:
 class ExactMatchScorer(BaseScorer):
     """Score 1.0 if the answer matches ``ground_truth``.
 
-    Label: ``ground_truth`` (string or number); optional ``numeric: true`` to compare the *last number* in the
-    answer numerically (relative tolerance 1e-6) instead of comparing normalised strings (``normalise_text``).
+    Label: ``ground_truth`` (string or number); optional ``numeric: true`` to compare the answer's number
+    numerically (relative tolerance 1e-6; the last box's value, else the last number, as ``gsm8k`` reads it) instead
+    of comparing normalised strings (``normalise_text``).
     """
 
     name = "exact_match"
@@ -38,11 +39,11 @@ class ExactMatchScorer(BaseScorer):
     def score_answer(self, response: str, label: Mapping[str, Any]) -> ScoreResult:
         gt = str(label["ground_truth"])
         if label.get("numeric"):
-            found = last_number_value(response)
+            found, source = final_number(response)
             if found is None:
-                return ScoreResult(score=0.0, explanation="no number found")
+                return ScoreResult(score=0.0, explanation=f"no number found ({source})")
             correct = numbers_equal(found[1], answer_value(gt)[1])  # type: ignore[index]
-            return ScoreResult(score=1.0 if correct else 0.0, extracted=found[0], explanation="numeric match")
+            return ScoreResult(score=1.0 if correct else 0.0, extracted=found[0], explanation=f"numeric match ({source})")
         answer = normalise_text(response)
         return ScoreResult(score=1.0 if answer == normalise_text(gt) else 0.0, extracted=answer,
                            explanation="normalised string match")

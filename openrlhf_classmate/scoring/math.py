@@ -23,6 +23,15 @@ _FRAC_RE = re.compile(r"(-?)\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]
 _SLASH_RE = re.compile(r"(-?[\d.,]+)\s*/\s*(-?[\d.,]+)")
 # LaTeX digit-group separators between digits: 1\,234 and 1{,}234.
 _LATEX_GROUP_RE = re.compile(r"(?<=\d)(?:\\,|\{,\}|\\!|\\ )(?=\d{3})")
+# What a short answer carries besides its value: units and words in text macros, with an exponent after them
+# (150 \text{ ft}^2), escaped dollar signs (-\$5), and remarks in parentheses (18 \text{ (in 2 hours)}).
+_UNIT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{[^{}]*\}(?:\s*\^\s*(?:\{[^{}]*\}|\d))?")
+_REMARK_RE = re.compile(r"\([^()]*\)")
+# 1.5 \times 10^6
+_SCIENTIFIC_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*10\s*\^\s*\{?\s*(-?\d+)\s*\}?")
+# the minus of a difference (4-2), not a sign: after a digit, a closing parenthesis or brace
+_DIFFERENCE_RE = re.compile(r"(?<=[\d)}])\s*-\s*(?=\d)")
+_MIXED_RE = re.compile(r"(-?)(\d+)\s*$")
 # Limits on what reaches math-verify. A \frac nested 200 deep parses as *equal* to \frac{1}{2} (a reward hack) and
 # 50 deep runs for minutes; real final answers stay far below both limits.
 MAX_BRACE_DEPTH = 12
@@ -81,17 +90,52 @@ def last_number_value(text: str) -> tuple[str, float] | None:
 
 
 def answer_value(text: str) -> tuple[str, float] | None:
-    """The numeric value of a short answer: ``\\frac{a}{b}``, ``a/b``, or else its last number. None if none."""
-    text = _normalise_digits(text)
-    for pattern in (_FRAC_RE, _SLASH_RE):
-        m = pattern.search(text)
-        if m:
-            groups = m.groups()
-            sign = -1.0 if len(groups) == 3 and groups[0] else 1.0
-            num, den = _to_float(groups[-2]), _to_float(groups[-1])
-            if num is not None and den:
-                return m.group(0).strip(), sign * num / den
-    return last_number_value(text)
+    """The numeric value of a short answer (a box's content, a ground truth), or None if it holds no number.
+
+    The value is the answer's last one: after the last ``=`` (``\\frac{3}{4} \\times 40 = 30`` is 30), without units
+    and remarks (``150 \\text{ ft}^2`` is 150, ``40 (1/2 of 80)`` is 40), a difference's minus not a sign (``4-2`` is
+    2); ``a \\times 10^b`` is its value; a fraction ``\\frac{a}{b}`` or ``a/b`` counts when it ends the answer, with a
+    whole number before it as a mixed number (``2 \\frac{1}{2}`` is 2.5)."""
+    text = _normalise_digits(text).rsplit("=", 1)[-1].replace("\\$", "")
+    text = _UNIT_RE.sub(" ", text)
+    without_remarks = _REMARK_RE.sub(" ", text)
+    if _NUMBER_RE.search(without_remarks):  # "(-5)" alone stays: its remark is the answer
+        text = without_remarks
+    text = _DIFFERENCE_RE.sub(" ~ ", text)  # not a sign, and no mixed number across it
+    tail = text.rstrip(" .$\t\n")
+    scientific = list(_SCIENTIFIC_RE.finditer(tail))
+    if scientific and scientific[-1].end() == len(tail):
+        m = scientific[-1]
+        value = _to_float(m.group(1))
+        if value is not None and abs(int(m.group(2))) <= 300:
+            return m.group(0), value * 10.0 ** int(m.group(2))
+    numbers = list(_NUMBER_RE.finditer(tail))
+    if not numbers:
+        return None
+    fractions = sorted((m for pattern in (_FRAC_RE, _SLASH_RE) for m in pattern.finditer(tail)), key=lambda m: m.end())
+    if fractions and fractions[-1].end() >= numbers[-1].end():
+        m = fractions[-1]
+        groups = m.groups()
+        sign = -1.0 if len(groups) == 3 and groups[0] else 1.0
+        num, den = _to_float(groups[-2]), _to_float(groups[-1])
+        if num is not None and den:
+            value, shown = sign * num / den, m.group(0).strip()
+            whole = _MIXED_RE.search(tail[: m.start()])
+            # a mixed number: a whole number right before the fraction (a space before "a/b", none needed before \frac)
+            if whole and sign > 0 and num >= 0 and (len(groups) == 3 or tail[m.start() - 1].isspace()):
+                value = (-1.0 if whole.group(1) else 1.0) * (int(whole.group(2)) + value)
+                shown = tail[whole.start(): m.end()].strip()
+            return shown, value
+    return last_number_value(tail)
+
+
+def final_number(response: str) -> tuple[tuple[str, float] | None, str]:
+    """A response's numeric answer and where it came from: the last ``\\boxed{}``'s value (:func:`answer_value`) if
+    there is a box, else the response's last number."""
+    boxed = last_boxed(response)
+    if boxed is not None:
+        return answer_value(boxed), "\\boxed{}"
+    return last_number_value(response), "last number"
 
 
 def numbers_equal(a: float, b: float) -> bool:
@@ -99,8 +143,9 @@ def numbers_equal(a: float, b: float) -> bool:
 
 
 class Gsm8kScorer(BaseScorer):
-    """GSM8K: the final answer is the last ``\\boxed{}`` if there is one, else the last number in the output;
-    score 1.0 if it equals the ground truth numerically (relative tolerance 1e-6), else 0.0.
+    """GSM8K: the final answer is the last ``\\boxed{}``'s value if there is one (:func:`answer_value`: its last
+    value, without units or remarks), else the last number in the output; score 1.0 if it equals the ground truth
+    numerically (relative tolerance 1e-6), else 0.0.
 
     The reference took only the last number (never the box); the prompts ask for ``\\boxed{}``, so the box wins.
     Label: ``ground_truth`` (string or number, e.g. "1,234" or 72).
@@ -117,11 +162,7 @@ class Gsm8kScorer(BaseScorer):
 
     def score_answer(self, response: str, label: Mapping[str, Any]) -> ScoreResult:
         _, gold = answer_value(str(label["ground_truth"]))  # type: ignore[misc]  # checked in check_label
-        boxed = last_boxed(response)
-        if boxed is not None:
-            found, source = answer_value(boxed), "\\boxed{}"
-        else:
-            found, source = last_number_value(response), "last number"
+        found, source = final_number(response)
         if found is None:
             return ScoreResult(score=0.0, explanation=f"no number found ({source})")
         text, value = found
