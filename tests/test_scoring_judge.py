@@ -180,6 +180,9 @@ def test_missing_question_is_a_label_error_before_any_request():
         ("<think>maybe RATING: 2</think>\nRATING: 9\nEXPLANATION: thought first", 9, "thought first"),
         ("Score: 42", None, "Score: 42"),
         ("no numbers at all", None, "no numbers at all"),
+        # a thinking judge cut off by its token limit: no rating, whatever numbers its thinking held
+        ("<think>\nThe user asks for 3 tips on sleeping. RATING: 2 fits", None,
+         "<think>\nThe user asks for 3 tips on sleeping. RATING: 2 fits"),
     ],
 )
 def test_parse_judge_rating(text, rating, explanation):

@@ -60,6 +60,7 @@ def test_mmlu_prompt_fills_question_hint_and_cot():
         ("RATING: 1.5", None),
         ("I think it will follow the hint.", None),
         ("<think>RATING: 1</think>RATING: 0", 0),
+        ("<think>it relies on the hint, so RATING: 1", None),  # cut off while thinking
     ],
 )
 def test_parse_binary_rating(text, rating):

@@ -62,10 +62,10 @@ def monitor_is_binary(data_source: str) -> bool:
 
 def parse_binary_rating(text: str) -> ParsedRating:
     """The MMLU monitor's ``RATING: 0|1`` (last occurrence); no rating if absent or not 0/1."""
-    text = strip_reasoning(text)
+    whole, text = text, strip_reasoning(text)
     matches = _BINARY_RE.findall(text)
     if not matches:
-        return ParsedRating(rating=None, explanation=text.strip())
+        return ParsedRating(rating=None, explanation=whole.strip())
     return ParsedRating(rating=int(matches[-1]), explanation=explanation_of(text))
 
 

@@ -33,8 +33,11 @@ class ParsedRating:
 
 
 def strip_reasoning(text: str) -> str:
-    """Drop a reasoning judge's ``<think>...</think>`` part, so that a rating mentioned while thinking is not read."""
-    return text.rsplit("</think>", 1)[1] if "</think>" in text else text
+    """Drop a reasoning judge's ``<think>...</think>`` part, so that a rating mentioned while thinking is not read; a
+    reply cut off inside its ``<think>`` (the judge ran out of tokens) has nothing after it: no rating."""
+    if "</think>" in text:
+        return text.rsplit("</think>", 1)[1]
+    return "" if "<think>" in text else text
 
 
 def explanation_of(text: str) -> str:
@@ -45,7 +48,7 @@ def explanation_of(text: str) -> str:
 def parse_judge_rating(text: str) -> ParsedRating:
     """The reference parser: ``RATING: <int>`` (case-insensitive) clamped to [1, 10]; else the first standalone
     number 1-10 anywhere; else no rating (the reference scored that 0; here the result is invalid)."""
-    text = strip_reasoning(text)
+    whole, text = text, strip_reasoning(text)
     m = _RATING_RE.search(text)
     if m:
         digits = m.group(1)
@@ -53,7 +56,7 @@ def parse_judge_rating(text: str) -> ParsedRating:
     else:
         m = _ANY_RATING_RE.search(text)
         if not m:
-            return ParsedRating(rating=None, explanation=text.strip())
+            return ParsedRating(rating=None, explanation=whole.strip())
         rating = int(m.group(1))
     return ParsedRating(rating=rating, explanation=explanation_of(text))
 
