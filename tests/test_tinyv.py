@@ -302,7 +302,8 @@ def test_grade_rewards_the_distance_to_the_reference_score_and_counts_parse_fail
     results = scorer.score([("Total Score: 7/10", label), ("Total Score: 5/10", label), ("I give it a B", label),
                             (None, label)])
     assert results[0].score == pytest.approx((1 - 0.2) ** 2) and results[1].score == 1.0
-    assert not results[2].valid and results[2].metrics == {"grade/parse_failed": 1.0}
+    # the policy's format failure is a valid 0 (reward_methods.md: assign 0, log the parse-fail rate)
+    assert results[2].valid and results[2].score == 0.0 and results[2].metrics == {"grade/parse_failed": 1.0}
     assert results[3].valid and results[3].score == 0.0 and results[3].metrics == {"grade/parse_failed": 0.0}
     with pytest.raises(LabelError, match="ground_truth"):
         scorer.score([("Total Score: 1", {"data_source": "grade", "ground_truth": "7"})])

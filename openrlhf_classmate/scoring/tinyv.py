@@ -405,7 +405,8 @@ class TinyVScorer(BaseScorer):
 class GradeScorer(BaseScorer):
     """``grade``: the policy is a rubric grader. Its output's ``Total Score`` gives s = min(10, x)/10, the label's
     ``ground_truth`` is the reference score g in [0, 1], and the reward is ``(1 - |s - g|)^2``. An output without a
-    parsable score is an invalid sample (``grade/parse_failed`` = 1), not a 0."""
+    parsable score is the policy's own format failure: a valid 0, as the spec asks (``grade/parse_failed`` = 1
+    counts it), so that the grader learns to write one; a scorer that could not judge would be invalid instead."""
 
     name = "grade"
 
@@ -428,8 +429,8 @@ class GradeScorer(BaseScorer):
     def score_answer(self, response: str, label: Mapping[str, Any]) -> ScoreResult:
         s = parse_total_score(response)
         if s is None:
-            return ScoreResult.invalid(f"no parsable Total Score in the grading: {response[-200:]!r}",
-                                       metrics={"grade/parse_failed": 1.0})
+            return ScoreResult(score=0.0, explanation=f"no parsable Total Score in the grading: {response[-200:]!r}",
+                               metrics={"grade/parse_failed": 1.0})
         g = float(label["ground_truth"])
         return ScoreResult(score=(1.0 - abs(s - g)) ** 2, extracted=f"{s:g}", explanation=f"reference {g:g}",
                            metrics={"grade/parse_failed": 0.0})
