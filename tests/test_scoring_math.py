@@ -74,6 +74,14 @@ MATH_CASES = [
     ("-7", "\\boxed{7}", 0.0),
     ("12", "The answer is $12$.", 1.0),
     ("12", "I could not solve it.", 0.0),
+    # several boxes: the last is the answer, unless the ground truth is a set of several elements
+    ("4", "\\boxed{3} ... no, corrected: \\boxed{4}", 1.0),
+    ("3", "\\boxed{3} ... no, corrected: \\boxed{4}", 0.0),
+    ("2, 3", "The solutions are $x=\\boxed{2}$ and $x=\\boxed{3}$.", 1.0),
+    ("\\{2, 3\\}", "$x = \\boxed{3}$ or $x = \\boxed{2}$", 1.0),
+    ("2, 3", "$x = \\boxed{2}$, $\\boxed{3}$ or $\\boxed{5}$", 0.0),  # a root too many
+    ("2, 3", "$x = \\boxed{3}$", 0.0),  # one root of two
+    ("[1,3)", "first \\boxed{[0,1)}, then \\boxed{[1,3)}", 1.0),  # an interval is one element: the last box
 ]
 
 # (ground truth, response, expected score, expected extracted answer)
@@ -146,7 +154,7 @@ def test_math_verify_table(math_results, i):
 
 def test_math_verify_reports_what_it_extracted(math_results):
     assert math_results[0].extracted == "\\frac{1}{2}"
-    found_nothing = math_results[-1]
+    found_nothing = math_results[[resp for _, resp, _ in MATH_CASES].index("I could not solve it.")]
     assert found_nothing.extracted is None and found_nothing.score == 0.0 and found_nothing.valid
 
 

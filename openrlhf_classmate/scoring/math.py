@@ -38,21 +38,16 @@ MAX_BRACE_DEPTH = 12
 MAX_BOXED_CHARS = 1000
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; ``\\boxed 5`` also works.
-
-    For ``\\boxed{\\boxed{3}}`` the last opening is the inner box, so the answer is ``3``. An unclosed box
-    (truncated output) yields None.
-    """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
+def _box_at(text: str, start: int) -> tuple[str | None, int]:
+    """The content of the box opening at ``start`` (``\\boxed{...}`` or ``\\fbox{...}``, braces balanced; ``\\boxed 5``
+    too) and where it ends; None for an unclosed box (truncated output)."""
     i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
     if i < len(text) and text[i] == " ":
         rest = text[i:].strip()
-        return rest.split()[0].rstrip("$.") if rest else None
+        word = rest.split()[0] if rest else ""
+        return (word.rstrip("$.") or None), i + len(text[i:]) - len(rest) + len(word)
     if i >= len(text) or text[i] != "{":
-        return None
+        return None, i
     depth = 0
     for j in range(i, len(text)):
         if text[j] == "{":
@@ -60,8 +55,31 @@ def last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j]
-    return None
+                return text[i + 1 : j], j + 1
+    return None, len(text)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; ``\\boxed 5`` also works.
+
+    For ``\\boxed{\\boxed{3}}`` the last opening is the inner box, so the answer is ``3``. An unclosed box
+    (truncated output) yields None.
+    """
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    return _box_at(text, start)[0] if start >= 0 else None
+
+
+def boxed_answers(text: str) -> list[str]:
+    """The contents of every closed box in ``text``, in order (a box inside another is its content's, not a box of
+    its own)."""
+    found, i = [], 0
+    for m in re.finditer(r"\\(?:boxed|fbox)", text):
+        if m.start() < i:
+            continue
+        content, i = _box_at(text, m.start())
+        if content is not None:
+            found.append(content)
+    return found
 
 
 def _normalise_digits(text: str) -> str:
@@ -194,16 +212,28 @@ def implausible_answer(text: str) -> str | None:
 
 
 def _final_box_or_text(response: str) -> str:
-    # math-verify reads every box and would turn "\\boxed{3} ... corrected: \\boxed{4}" into the set {3, 4}, which
-    # equals neither answer; the last box is the model's final answer, as for gsm8k.
     boxed = last_boxed(response)
     return f"\\boxed{{{boxed}}}" if boxed is not None else response
+
+
+def final_answer_text(response: str, several: bool) -> str:
+    """What math-verify reads of a response (in the pool's worker, which knows the ground truth): its last box, since
+    an earlier box is a draft ("\\boxed{3} ... corrected: \\boxed{4}" would read as the set {3, 4}, equal to
+    neither); every box when the ground truth is a set of ``several`` elements ("x = \\boxed{2} or x = \\boxed{3}"
+    for {2, 3}), unless one of them is past the limits of :func:`implausible_answer`; the response itself without a
+    box."""
+    boxes = boxed_answers(response)
+    plausible = all(brace_depth(b) < MAX_BRACE_DEPTH and len(b) <= MAX_BOXED_CHARS for b in boxes)
+    if several and len(boxes) > 1 and plausible:
+        return ", ".join(f"\\boxed{{{b}}}" for b in boxes)
+    return _final_box_or_text(response)
 
 
 class MathVerifyScorer(BaseScorer):
     """MATH-style answers: math-verify parses the response and the ground truth and checks equivalence
     (fractions vs decimals, intervals, sets, symbolic forms), in worker processes with a per-item time limit.
-    When the response has a ``\\boxed{}``, only the last box is verified. Score 1.0 / 0.0; a timeout or an
+    When the response has a ``\\boxed{}``, only the last box is verified, or every box when the ground truth is a
+    set of several elements (:func:`final_answer_text`). Score 1.0 / 0.0; a timeout or an
     unparseable ground truth is ``valid=False``. An answer nested deeper than ``MAX_BRACE_DEPTH`` braces or with a
     box longer than ``MAX_BOXED_CHARS`` is a valid 0 without verification (math-verify misjudges such input).
 
@@ -220,8 +250,9 @@ class MathVerifyScorer(BaseScorer):
 
     async def _ascore_answers(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[ScoreResult]:
         pool = self._pool or get_math_pool()
-        pairs = [(str(label["ground_truth"]).strip(), _final_box_or_text(response)) for response, label in items]
-        refused = [implausible_answer(answer) for _, answer in pairs]
+        # the worker picks what of a response it verifies (final_answer_text); the last box is checked here
+        pairs = [(str(label["ground_truth"]).strip(), response) for response, label in items]
+        refused = [implausible_answer(_final_box_or_text(response)) for _, response in pairs]
         todo = [pair for pair, why in zip(pairs, refused) if why is None]
         verified = iter(await asyncio.to_thread(pool.verify, todo) if todo else [])
         results = []

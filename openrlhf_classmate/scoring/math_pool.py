@@ -85,11 +85,14 @@ def verify_pair(ground_truth: str, response: str) -> VerifyOutcome:
     """Parse both sides with math-verify and compare them; no time limit (the pool provides it)."""
     from math_verify import parse, verify
 
+    from openrlhf_classmate.scoring.math import final_answer_text
+
     # Timeouts disabled: math-verify's signal.alarm would turn a timeout into a silent False.
     gold = parse(_as_gold_text(ground_truth), parsing_timeout=None)
     if not gold:
         return VerifyOutcome(equal=None, error=f"math-verify could not parse the ground truth {ground_truth!r:.200}")
-    pred = parse(response, parsing_timeout=None)
+    several = bool(getattr(gold[0], "is_FiniteSet", False)) and len(gold[0]) > 1
+    pred = parse(final_answer_text(response, several), parsing_timeout=None)
     if not pred:
         return VerifyOutcome(equal=False, extracted=None)
     equal = bool(verify(gold, pred, timeout_seconds=None))
