@@ -12,6 +12,7 @@ from openrlhf_classmate.algo.advantages import (
     TOKEN_MODES,
     compute_advantages,
     group_normalize,
+    main_advantages_over_valid,
     whiten_tokens,
 )
 from openrlhf_classmate.algo.classmate_reward import combine_classmate_scores
@@ -505,6 +506,26 @@ def test_gdpo_batch_norm_leaves_out_responses_with_no_advantage_in_either_stream
     s = a_m + a_c
     expected = (s - s.mean()) / (s.std() + 1e-6)
     torch.testing.assert_close(out["combined_scalar"][:4], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ["separated", "grpo_w_classmate", "gdpo_wo_bn", "grpo"])
+@pytest.mark.parametrize("clip", [(0.2, 2.0), (-2.0, -0.1)])
+def test_a_clip_range_without_zero_gives_no_advantage_to_rows_without_one(estimator, clip):
+    # --reward.clip_range (upstream's, applied to the post-baseline scalar): row 3's main score is invalid and row 4
+    # is the only valid one of its group, so neither has a main advantage; a range without 0 made them a clip bound
+    g = torch.tensor([0, 0, 0, 0, 1, 1])
+    v = torch.ones(6, 3, dtype=torch.bool)
+    cot = torch.tensor([[0, 1, 0]] * 6, dtype=torch.bool)
+    m = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+    c = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    mv = torch.tensor([1, 1, 1, 0, 1, 0], dtype=torch.bool)
+    cv = torch.zeros(6, dtype=torch.bool)  # no classmate advantage either: the main stream alone decides
+    out = compute_advantages(estimator, m, c, g, response_mask=v, cot_mask=cot, main_valid=mv, classmate_valid=cv,
+                             main_clip=clip)
+    assert torch.all(out["advantages"][3:] == 0) and torch.all(out["main_scalar"][3:] == 0)
+    assert torch.all((out["main_scalar"][:3] >= clip[0]) & (out["main_scalar"][:3] <= clip[1]))
+    plain = main_advantages_over_valid("group_norm", m, g, main_valid=mv, response_mask=v, main_clip=clip)
+    assert torch.all(plain["advantages"][3:] == 0)
 
 
 @pytest.mark.parametrize("estimator, baseline, rewards", [

@@ -298,7 +298,9 @@ def compute_advantages(
 
     # A^m and A^c per response, in float64 for the arithmetic below ...
     main_scalar_f64, main_defined = _baseline(valid_main_rewards, inverse, num_groups, main_ok, baseline, eps)
-    main_scalar_f64 = clip(main_scalar_f64)
+    # clipped only where the baseline is defined: a range without 0 ((0.2, 2.0)) would give the rows without an
+    # advantage (an invalid score, a group of fewer than 2 valid ones) a clip bound instead of their exact 0
+    main_scalar_f64 = torch.where(main_defined, clip(main_scalar_f64), 0.0)
     classmate_scalar_f64, classmate_defined = _baseline(valid_classmate_rewards, inverse, num_groups, classmate_ok,
                                                         baseline, eps)
     if estimator == "separated_non_neg":
