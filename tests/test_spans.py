@@ -236,3 +236,16 @@ def test_training_and_evaluation_agree_on_a_template_that_opens_think():
     cot_ids = [t for t, m in zip(response, spans.mask[0].tolist()) if m]
     assert split["cot_ids"] == cot_ids == tok.encode("1 + 2 = 3", add_special_tokens=False)
     assert split["answer"] == "3"
+
+
+def test_a_fixed_fraction_keeps_the_floor_of_the_exact_product():
+    # evaluate --truncate-cot 0.7: 0.7 x 90 is 62.99999999999999 in binary floating point; the prefix is 63 tokens
+    from openrlhf_classmate.algo.spans import keep_prefix
+
+    lengths = torch.tensor([90, 100, 7, 0])
+    spans = CotSpans(mask=torch.zeros(4, 128, dtype=torch.bool), start=torch.tensor([1, 0, 3, 2]),
+                     end=torch.tensor([91, 100, 10, 2]), has_answer=torch.ones(4, dtype=torch.bool))
+    assert torch.equal(spans.length, lengths)
+    assert (keep_prefix(spans, 0.7).end - spans.start).tolist() == [63, 70, 4, 0]
+    assert (keep_prefix(spans, 0.29).end - spans.start).tolist() == [26, 29, 2, 0]
+    assert (keep_prefix(spans, 1.0).end - spans.start).tolist() == lengths.tolist()

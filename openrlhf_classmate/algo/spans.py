@@ -240,7 +240,8 @@ def keep_prefix(spans: CotSpans, keep: float | torch.Tensor) -> CotSpans:
     drawn ``keep`` ([B] float64), or for one fixed fraction (``evaluate --truncate-cot``)."""
     length = spans.length
     keep = torch.as_tensor(keep, dtype=torch.float64, device=length.device)  # in [0, 1]: the callers check
-    end = spans.start + torch.floor(keep * length.double()).long()
+    # 1e-9: 0.7 x 90 is 62.99999999999999 in binary floating point; the floor of the product meant is 63
+    end = spans.start + torch.floor(keep * length.double() + 1e-9).long()
     positions = torch.arange(spans.mask.shape[1], device=spans.mask.device).unsqueeze(0)
     mask = (positions >= spans.start.unsqueeze(1)) & (positions < end.unsqueeze(1))
     return CotSpans(mask=mask, start=spans.start.clone(), end=end, has_answer=spans.has_answer.clone())
