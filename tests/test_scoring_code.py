@@ -43,6 +43,14 @@ def test_extract_program_takes_the_last_complete_block():
     assert extract_program("```python\nfirst\n```\n```python\nunclosed (truncated output)") == "first\n"
     assert extract_program("no code here") is None and extract_program("`inline` only") is None
 
+    # an example call or its output after the program is not the program
+    program = "def add(a, b):\n    return a + b\n"
+    assert extract_program(f"```python\n{program}```\nExample:\n```\n>>> add(1, 2)\n3\n```") == program
+    assert extract_program(f"```python\n{program}```\nOutput:\n```text\n3\n```") == program
+    script = "n = int(input())\nprint(n * 2)\n"
+    assert extract_program(f"```python\n{script}```\nRun it:\n```bash\npython solve.py < in.txt\n```") == script
+    assert extract_program(f"```python\n{program}```\n```python\n{script}```") == script  # the last program
+
 
 def test_registry_and_label_checks():
     assert resolve_data_source("code") == "code" and resolve_data_source("code_stdio") == "code_stdio"

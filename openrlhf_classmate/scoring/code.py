@@ -44,7 +44,10 @@ sample), and at a microsecond or less the service fails every request (HTTP 500)
 MIN_REQUEST_TIMEOUT_S = 1.0
 """Smallest ``OPENRLHF_CLASSMATE_SANDBOX_TIMEOUT`` (one request, all its tests), as the model-server request time
 limits of the flag groups (``config_fields.REQUEST_TIMEOUT_S``)."""
-_FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+_FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
+_PYTHON_TAGS = ("", "python", "python3", "py", "py3")
+# what a program has and an example call, its output or a shell line does not
+_PROGRAM_RE = re.compile(r"^\s*(?:def |class |import |from \S+ import )|\bprint\(|\binput\(|\bsys\.stdin", re.MULTILINE)
 
 
 @dataclass
@@ -110,9 +113,15 @@ class CodeSandboxConfig:
 
 
 def extract_program(text: str) -> str | None:
-    """The content of the last complete fenced code block, or None when there is none."""
+    """The program of a response: the last complete fenced block that is Python (tagged ``python``/``py`` or not
+    tagged) and reads like a program (a ``def``, ``class``, import, ``print``, ``input`` or ``sys.stdin``), so that an
+    example call or its output in a block after the program is not what runs; else the last complete fenced block;
+    None when there is none."""
     blocks = _FENCE_RE.findall(text)
-    return blocks[-1] if blocks else None
+    programs = [body for tag, body in blocks if tag.strip().lower() in _PYTHON_TAGS and _PROGRAM_RE.search(body)]
+    if programs:
+        return programs[-1]
+    return blocks[-1][1] if blocks else None
 
 
 class _Retryable(Exception):
