@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
+from openrlhf_classmate.scoring.boxes import final_answer_text
+
 logger = logging.getLogger(__name__)
 
 
@@ -84,8 +86,6 @@ def _as_gold_text(ground_truth: str) -> str:
 def verify_pair(ground_truth: str, response: str) -> VerifyOutcome:
     """Parse both sides with math-verify and compare them; no time limit (the pool provides it)."""
     from math_verify import parse, verify
-
-    from openrlhf_classmate.scoring.math import final_answer_text
 
     # Timeouts disabled: math-verify's signal.alarm would turn a timeout into a silent False.
     gold = parse(_as_gold_text(ground_truth), parsing_timeout=None)
