@@ -983,10 +983,12 @@ def test_the_standalone_engine_is_killed_with_its_children(tmp_path):
         "standalone": {"skipped": f"42 s left, ~{step_time.STANDALONE_ESTIMATE_S} s needed"}}
 
 
-def test_launcher_profile_times_the_launchers_check_and_its_socket_lookups(tmp_path):
-    # bench/launcher_profile.py: where the launcher's ~20 s before Ray go on the GPU machine (GPU_RESULTS section 12)
+def test_launcher_profile_times_the_launchers_check_its_socket_lookups_and_imports(tmp_path):
+    # bench/launcher_profile.py: where the launcher's ~20 s before Ray go on the GPU machine (GPU_RESULTS section 12);
+    # --imports: the same in fresh processes, where cProfile's process had imported first (section 13)
     out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "launcher_profile.py"), "--out", str(tmp_path),
-                          "--backend", "hf"], capture_output=True, text=True, timeout=300, cwd=REPO)
+                          "--backend", "hf", "--imports", "--modules", "json,no_such_module_here"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.load(open(tmp_path / "launcher_profile.json"))
     assert result["error"] is None and result["main_s"] > 0 and result["lookups"] == []
@@ -994,15 +996,7 @@ def test_launcher_profile_times_the_launchers_check_and_its_socket_lookups(tmp_p
     assert "openrlhf_classmate/cli/train_ppo_ray.py:" in top["function"] and top["function"].endswith(" main")
     assert top["cumulative_s"] == pytest.approx(result["main_s"], rel=0.2)
     assert "check passed: the run would start" in out.stdout
-
-
-def test_launcher_profile_times_imports_and_the_cuda_start_in_fresh_processes(tmp_path):
-    # --imports: where the GPU machine's 12-18 s launcher preflight goes, when cProfile's process had imported first
-    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "launcher_profile.py"), "--out", str(tmp_path),
-                          "--backend", "hf", "--imports", "--modules", "json,no_such_module_here"],
-                         capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-2000:]
-    imports = json.load(open(tmp_path / "launcher_profile.json"))["imports"]
+    imports = result["imports"]
     assert imports["bare_s"] > 0 and all(s > 0 for s in imports["modules"]["json"]["s"])
     assert imports["modules"]["json"]["error"] is None
     assert {r["package"]: r["s"] for r in imports["modules"]["json"]["packages"]}["json"] > 0
