@@ -263,6 +263,15 @@ def test_last_boxed(text, boxed):
     assert last_boxed(text) == boxed
 
 
+def test_boxed_answers_finds_every_box_once():
+    from openrlhf_classmate.scoring.boxes import boxed_answers
+
+    assert boxed_answers("$x=\\boxed{2}$ and $x=\\boxed{\\frac{1}{2}}$") == ["2", "\\frac{1}{2}"]
+    assert boxed_answers("\\boxed{\\boxed{3}} then \\fbox{4}") == ["\\boxed{3}", "4"]  # the inner box is content
+    assert boxed_answers("\\boxed 5 \\boxed 6   ") == ["5", "6"]  # a space box ends at its word, not the spaces
+    assert boxed_answers("\\boxed{1} \\boxed{2") == ["1"]  # the truncated one is not an answer
+
+
 def test_last_number():
     assert last_number("paid $1,234.50 for 3 items") == "3"
     assert last_number("paid $1,234.50") == "1234.50"

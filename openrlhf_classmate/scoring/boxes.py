@@ -19,9 +19,9 @@ def _box_at(text: str, start: int) -> tuple[str | None, int]:
     too) and where it ends; None for an unclosed box (truncated output)."""
     i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
     if i < len(text) and text[i] == " ":
-        rest = text[i:].strip()
+        rest = text[i:].lstrip()
         word = rest.split()[0] if rest else ""
-        return (word.rstrip("$.") or None), i + len(text[i:]) - len(rest) + len(word)
+        return (word.rstrip("$.") or None), len(text) - len(rest) + len(word)
     if i >= len(text) or text[i] != "{":
         return None, i
     depth = 0
@@ -71,6 +71,7 @@ def brace_depth(text: str) -> int:
 
 
 def last_box_or_text(response: str) -> str:
+    """The last box of ``response`` as a box of its own, or the whole response when it has none."""
     boxed = last_boxed(response)
     return f"\\boxed{{{boxed}}}" if boxed is not None else response
 

@@ -39,6 +39,8 @@ _SCIENTIFIC_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*10
 # the minus of a difference (4-2), not a sign: after a digit, a closing parenthesis or brace
 _DIFFERENCE_RE = re.compile(r"(?<=[\d)}])\s*-\s*(?=\d)")
 _MIXED_RE = re.compile(r"(-?)(\d+)\s*$")
+
+
 def _normalise_digits(text: str) -> str:
     return _LATEX_GROUP_RE.sub(",", text.replace("\u2212", "-"))
 
