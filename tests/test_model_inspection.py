@@ -111,3 +111,22 @@ def test_cold_start_pairs_each_after_launch_with_the_before_launch_after_it(cold
     assert cold_start.pairs(rows) == {
         "first_step_s": {"before_minus_after": [22.5, 22.0], "median": 22.2},
         "engines_ready_s": {"before_minus_after": [25.0], "median": 25.0}}
+
+
+def test_the_committed_cold_pairs_give_the_figures_the_readme_quotes(cold_start):
+    # GPU_RESULTS sections 13 and 14, README "Engines sharing a GPU": three cold pairs on two machines; the pairs read
+    # again from the committed launches, and the inspection inside the engines 0 s after, 20-28 s before
+    launches = []
+    for folder in ("wave16/cold_start", "wave17/cold_start_a", "wave17/cold_start_b"):
+        path = os.path.join(REPO, "bench", "gpu_results", *folder.split("/"), "cold_start.json")
+        rows = json.load(open(path))["launches"]
+        assert [r["path"] for r in rows] == ["after", "before"] and all(r["exit"] == 0 for r in rows)
+        assert max(rows[0]["inspection_in_engines_s"].values()) == 0.0
+        assert 20.0 <= max(rows[1]["inspection_in_engines_s"].values()) <= 28.0
+        launches += rows
+    paired = cold_start.pairs(launches)["first_step_s"]
+    assert paired == {"before_minus_after": [17.8, 39.6, 23.5], "median": 23.5}
+    after = sorted(r["first_step_s"] for r in launches if r["path"] == "after")
+    before = sorted(r["first_step_s"] for r in launches if r["path"] == "before")
+    assert [round(x, 1) for x in after] == [132.8, 146.8, 147.7]
+    assert [round(x, 1) for x in before] == [165.5, 170.3, 172.4]
