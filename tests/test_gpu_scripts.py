@@ -1065,3 +1065,31 @@ def test_launcher_profile_counts_a_connection_and_its_lookup_once():
         server.close()
     assert [r["call"] for r in record] == ["create_connection", "getaddrinfo"]  # the inner lookup is the outer's
     assert all(0 <= r["s"] < 5 for r in record)
+
+
+def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_path, capsys):
+    # bench/gpu_demo_seeds.py (issue 44): the committed seed 0 as it is, and two copies standing in for seeds 1 and 2
+    # with other accuracies and a failed check, so the mean, the range and the failed check are known by hand
+    seeds = _bench("gpu_demo_seeds")
+    seed0 = os.path.join(REPO, "bench", "gpu_results", "gpu_demo")
+    summary = json.load(open(os.path.join(seed0, "summary.json")))
+    folders = [seed0]
+    for seed, gdpo_classmate, grpo_classmate in ((1, 0.90, 0.50), (2, 0.80, 0.70)):
+        other = json.loads(json.dumps(summary))
+        other["seed"] = seed
+        other["eval"]["classmate"]["classmate_accuracy"] = gdpo_classmate
+        other["eval"]["grpo"]["classmate_accuracy"] = grpo_classmate
+        other["checks"][1] = [other["checks"][1][0], "...", gdpo_classmate - grpo_classmate >= 0.2]
+        os.makedirs(tmp_path / f"s{seed}")
+        json.dump(other, open(tmp_path / f"s{seed}" / "summary.json", "w"))
+        folders.append(str(tmp_path / f"s{seed}"))
+    result = seeds.main(folders + ["--json", str(tmp_path / "seeds.json")])
+    out = capsys.readouterr().out
+    assert "| 0 | 37.7 | 98.8 | 15.6 | 98.8 | 98.8 | 3.3 | 95.5 | 16.6 | 250.3 | 5.6 | all pass |" in out
+    assert "| 2 |" in out and "failed: classmate accuracy GDPO - GRPO >= 20 points |" in out
+    gap = result["spread"]["gap GDPO - GRPO"]  # 95.5, 40.0 and 10.0 points
+    assert (round(gap["mean"], 1), round(gap["min"], 1), round(gap["max"], 1)) == (48.5, 10.0, 95.5)
+    assert "| mean [min, max] | 37.7 [37.7, 37.7] |" in out
+    assert json.load(open(tmp_path / "seeds.json"))["spread"]["classmate after GDPO"]["min"] == pytest.approx(80.0)
+    with pytest.raises(SystemExit, match=r"s9/summary.json: no demo summary"):
+        seeds.main([str(tmp_path / "s9")])

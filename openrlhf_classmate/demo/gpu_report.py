@@ -50,7 +50,7 @@ def checks(before: dict, after: dict, total_s: float, engine: str) -> list[tuple
         out.append((f"... at main accuracy within {100 * MAIN_TIE:.0f} points",
                     f"{100 * gdpo['main_accuracy']:.1f}% vs {100 * grpo['main_accuracy']:.1f}% ({100 * tie:.1f} apart)",
                     tie <= MAIN_TIE))
-    out.append((f"the whole demo within {DEVICE_MINUTES:.0f} minutes of device time (one H100)",
+    out.append((f"the whole demo within {DEVICE_MINUTES:.0f} minutes of device time (one GPU)",
                 f"{total_s / 60:.1f} min of stage wall time", total_s <= 60 * DEVICE_MINUTES if engine == "vllm"
                 else None))
     return out
