@@ -18,7 +18,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = [os.path.join(REPO, "bench", "gpu_results", name) for name in ("gpu_demo", "gpu_demo_seed1",
                                                                           "gpu_demo_seed2")]
-# (column, how to read it from summary.json): accuracies in percent, times in minutes or seconds
+# (column, how to read it from summary.json): accuracies in percent, times in minutes or seconds. The times are
+# the device's: a mean over seeds run on different cards mixes them, so the table names each seed's device
 COLUMNS = [
     ("main before", lambda s: 100 * s["eval"]["before"]["main_accuracy"]),
     ("main after GDPO", lambda s: 100 * s["eval"]["classmate"]["main_accuracy"]),
@@ -39,17 +40,24 @@ def read_seed(folder: str) -> dict:
     where its summary cannot give them."""
     path = os.path.join(folder, "summary.json")
     try:
-        summary = json.load(open(path))
+        with open(path) as f:
+            summary = json.load(f)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {path}: no demo summary ({e})")
     if "grpo" not in summary.get("eval", {}):
         sys.exit(f"error: {path}: no plain GRPO evaluation (run the demo with --compare-grpo)")
+    figures = {}
+    for name, read in COLUMNS:
+        try:
+            figures[name] = read(summary)
+        except (KeyError, IndexError, TypeError):
+            sys.exit(f"error: {path}: the summary has no '{name}' (a demo that did not finish?)")
     try:
-        figures = {name: read(summary) for name, read in COLUMNS}
-    except (KeyError, IndexError, TypeError) as e:
-        sys.exit(f"error: {path}: no {e} in the summary (a demo that did not finish?)")
-    return {"folder": folder, "seed": summary["seed"], "device": summary.get("models", {}).get("device", "?"),
-            "figures": figures, "checks": [(name, measured, passed) for name, measured, passed in summary["checks"]]}
+        seed, checks = summary["seed"], [(name, measured, passed) for name, measured, passed in summary["checks"]]
+    except (KeyError, TypeError, ValueError):
+        sys.exit(f"error: {path}: the summary has no seed or no acceptance checks")
+    return {"folder": folder, "seed": seed, "device": summary.get("models", {}).get("device", "?"),
+            "figures": figures, "checks": checks}
 
 
 def spread(rows: list[dict]) -> dict:
@@ -61,14 +69,23 @@ def spread(rows: list[dict]) -> dict:
     return out
 
 
+def verdict(checks: list[tuple]) -> str:
+    """The acceptance checks in a word: a failed one is named; one the run cannot judge (None: the time check of a
+    run without vLLM engines) is not counted as passed."""
+    failed = [name for name, _, passed in checks if passed is False]
+    if failed:
+        return "failed: " + "; ".join(failed)
+    unjudged = [name for name, _, passed in checks if passed is None]
+    return "all pass" if not unjudged else "pass, not judged: " + "; ".join(unjudged)
+
+
 def table(rows: list[dict]) -> str:
+    """A markdown table: one row per seed, then the mean [min, max] of each figure where there are several seeds."""
     names = [name for name, _ in COLUMNS]
     lines = ["| seed | " + " | ".join(names) + " | checks | device |", "|---" * (len(names) + 3) + "|"]
     for r in rows:
-        failed = [name for name, _, passed in r["checks"] if passed is False]
-        verdict = "all pass" if not failed else "failed: " + "; ".join(failed)
         lines.append(f"| {r['seed']} | " + " | ".join(f"{r['figures'][n]:.1f}" for n in names)
-                     + f" | {verdict} | {r['device']} |")
+                     + f" | {verdict(r['checks'])} | {r['device']} |")
     if len(rows) > 1:
         s = spread(rows)
         lines.append("| mean [min, max] | " + " | ".join(
@@ -77,6 +94,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Print the seeds' table; return (and with --json write) the rows and the spread."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="*", help="demo output folders (default: the committed seed folders)")
     p.add_argument("--json", default=None, help="also write the rows and the spread here")

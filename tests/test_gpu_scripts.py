@@ -1067,12 +1067,20 @@ def test_launcher_profile_counts_a_connection_and_its_lookup_once():
     assert all(0 <= r["s"] < 5 for r in record)
 
 
-def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_path, capsys):
+def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_path, capsys, monkeypatch):
     # bench/gpu_demo_seeds.py (issue 44): the committed seed 0 as it is, and two copies standing in for seeds 1 and 2
     # with other accuracies and a failed check, so the mean, the range and the failed check are known by hand
     seeds = _bench("gpu_demo_seeds")
     seed0 = os.path.join(REPO, "bench", "gpu_results", "gpu_demo")
-    summary = json.load(open(os.path.join(seed0, "summary.json")))
+    with open(os.path.join(seed0, "summary.json")) as f:
+        summary = json.load(f)
+
+    def write(name: str, changed: dict) -> str:
+        os.makedirs(tmp_path / name)
+        with open(tmp_path / name / "summary.json", "w") as f:
+            json.dump(changed, f)
+        return str(tmp_path / name)
+
     folders = [seed0]
     for seed, gdpo_classmate, grpo_classmate in ((1, 0.90, 0.50), (2, 0.80, 0.70)):
         other = json.loads(json.dumps(summary))
@@ -1080,16 +1088,36 @@ def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_pat
         other["eval"]["classmate"]["classmate_accuracy"] = gdpo_classmate
         other["eval"]["grpo"]["classmate_accuracy"] = grpo_classmate
         other["checks"][1] = [other["checks"][1][0], "...", gdpo_classmate - grpo_classmate >= 0.2]
-        os.makedirs(tmp_path / f"s{seed}")
-        json.dump(other, open(tmp_path / f"s{seed}" / "summary.json", "w"))
-        folders.append(str(tmp_path / f"s{seed}"))
+        folders.append(write(f"s{seed}", other))
     result = seeds.main(folders + ["--json", str(tmp_path / "seeds.json")])
     out = capsys.readouterr().out
     assert "| 0 | 37.7 | 98.8 | 15.6 | 98.8 | 98.8 | 3.3 | 95.5 | 16.6 | 250.3 | 5.6 | all pass |" in out
-    assert "| 2 |" in out and "failed: classmate accuracy GDPO - GRPO >= 20 points |" in out
+    assert "| 1 |" in out and "| 2 |" in out and out.count("all pass") == 2  # seed 1's gap is 40 points
+    assert "failed: classmate accuracy GDPO - GRPO >= 20 points |" in out
     gap = result["spread"]["gap GDPO - GRPO"]  # 95.5, 40.0 and 10.0 points
     assert (round(gap["mean"], 1), round(gap["min"], 1), round(gap["max"], 1)) == (48.5, 10.0, 95.5)
     assert "| mean [min, max] | 37.7 [37.7, 37.7] |" in out
-    assert json.load(open(tmp_path / "seeds.json"))["spread"]["classmate after GDPO"]["min"] == pytest.approx(80.0)
+    with open(tmp_path / "seeds.json") as f:
+        assert json.load(f)["spread"]["classmate after GDPO"]["min"] == pytest.approx(80.0)
+
+    # a check the run could not judge is not a pass; the default folders not run yet are named
+    unjudged = json.loads(json.dumps(summary))
+    unjudged["checks"][3][2] = None
+    seeds.main([write("unjudged", unjudged)])
+    assert "| pass, not judged: the whole demo within 25 minutes" in capsys.readouterr().out
+    monkeypatch.setattr(seeds, "DEFAULT", [seed0, str(tmp_path / "never_run")])
+    seeds.main([])
+    out = capsys.readouterr().out
+    assert "not run yet: " in out and "never_run" in out and out.count("| 0 |") == 1
+
+    # what cannot be read is one line naming the file
+    no_grpo = json.loads(json.dumps(summary))
+    del no_grpo["eval"]["grpo"]
+    with pytest.raises(SystemExit, match=r"no_grpo/summary.json: no plain GRPO evaluation"):
+        seeds.main([write("no_grpo", no_grpo)])
+    unfinished = json.loads(json.dumps(summary))
+    del unfinished["rl_measured"]
+    with pytest.raises(SystemExit, match=r"the summary has no 'GDPO start-up s'"):
+        seeds.main([write("unfinished", unfinished)])
     with pytest.raises(SystemExit, match=r"s9/summary.json: no demo summary"):
         seeds.main([str(tmp_path / "s9")])
