@@ -90,6 +90,9 @@ def table(rows: list[dict]) -> str:
         s = spread(rows)
         lines.append("| mean [min, max] | " + " | ".join(
             f"{s[n]['mean']:.1f} [{s[n]['min']:.1f}, {s[n]['max']:.1f}]" for n in names) + " | | |")
+        devices = sorted({r["device"] for r in rows})
+        if len(devices) > 1:
+            lines += ["", f"The times (demo minutes, start-up, seconds a step) mix devices: {', '.join(devices)}."]
     return "\n".join(lines)
 
 
@@ -108,6 +111,11 @@ def main(argv: list[str] | None = None) -> dict:
     if not folders:
         sys.exit("error: no demo folder to read (give the demo output folders)")
     rows = [read_seed(f) for f in folders]
+    seen: dict = {}
+    for r in rows:  # two copies of one seed's run would pass for a spread over seeds
+        if r["seed"] in seen:
+            sys.exit(f"error: seed {r['seed']} twice: {seen[r['seed']]} and {r['folder']}")
+        seen[r["seed"]] = r["folder"]
     print(table(rows))
     result = {"seeds": rows, "spread": spread(rows) if len(rows) > 1 else None}
     if a.json:

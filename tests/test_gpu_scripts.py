@@ -1085,6 +1085,7 @@ def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_pat
     for seed, gdpo_classmate, grpo_classmate in ((1, 0.90, 0.50), (2, 0.80, 0.70)):
         other = json.loads(json.dumps(summary))
         other["seed"] = seed
+        other["models"]["device"] = "NVIDIA H200"
         other["eval"]["classmate"]["classmate_accuracy"] = gdpo_classmate
         other["eval"]["grpo"]["classmate_accuracy"] = grpo_classmate
         other["checks"][1] = [other["checks"][1][0], "...", gdpo_classmate - grpo_classmate >= 0.2]
@@ -1097,6 +1098,7 @@ def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_pat
     gap = result["spread"]["gap GDPO - GRPO"]  # 95.5, 40.0 and 10.0 points
     assert (round(gap["mean"], 1), round(gap["min"], 1), round(gap["max"], 1)) == (48.5, 10.0, 95.5)
     assert "| mean [min, max] | 37.7 [37.7, 37.7] |" in out
+    assert "mix devices: NVIDIA H100 80GB HBM3, NVIDIA H200." in out
     with open(tmp_path / "seeds.json") as f:
         assert json.load(f)["spread"]["classmate after GDPO"]["min"] == pytest.approx(80.0)
 
@@ -1119,5 +1121,7 @@ def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_pat
     del unfinished["rl_measured"]
     with pytest.raises(SystemExit, match=r"the summary has no 'GDPO start-up s'"):
         seeds.main([write("unfinished", unfinished)])
+    with pytest.raises(SystemExit, match=r"error: seed 1 twice: .*s1 and .*s1_again"):
+        seeds.main([folders[1], write("s1_again", summary | {"seed": 1})])
     with pytest.raises(SystemExit, match=r"s9/summary.json: no demo summary"):
         seeds.main([str(tmp_path / "s9")])

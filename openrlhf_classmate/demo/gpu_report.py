@@ -18,6 +18,9 @@ MAIN_GAIN = 0.20  # held-out main accuracy, classmate GDPO vs the warm start
 CLASSMATE_GAP = 0.20  # held-out classmate accuracy, classmate GDPO vs plain GRPO ...
 MAIN_TIE = 0.03  # ... at main accuracies this close
 DEVICE_MINUTES = 25.0  # the whole demo, both methods
+# accuracies are means over 3,200 samples: a difference that is exactly a threshold in counts (96 of 3,200 = 3 points)
+# comes out a few ulps past it in floating point, and must not fail the check
+EPS = 1e-9
 
 
 def mismatch_summary(rows: list[dict]) -> dict:
@@ -39,17 +42,17 @@ def checks(before: dict, after: dict, total_s: float, engine: str) -> list[tuple
     gain = gdpo["main_accuracy"] - before["main_accuracy"]
     out = [(f"held-out main accuracy up >= {100 * MAIN_GAIN:.0f} points (classmate GDPO vs warm start)",
             f"{100 * before['main_accuracy']:.1f}% -> {100 * gdpo['main_accuracy']:.1f}% ({100 * gain:+.1f})",
-            gain >= MAIN_GAIN)]
+            gain >= MAIN_GAIN - EPS)]
     if "grpo" in after:
         grpo = after["grpo"]
         gap = gdpo["classmate_accuracy"] - grpo["classmate_accuracy"]
         tie = abs(gdpo["main_accuracy"] - grpo["main_accuracy"])
         out.append((f"classmate accuracy GDPO - GRPO >= {100 * CLASSMATE_GAP:.0f} points",
                     f"{100 * gdpo['classmate_accuracy']:.1f}% vs {100 * grpo['classmate_accuracy']:.1f}% "
-                    f"({100 * gap:+.1f})", gap >= CLASSMATE_GAP))
+                    f"({100 * gap:+.1f})", gap >= CLASSMATE_GAP - EPS))
         out.append((f"... at main accuracy within {100 * MAIN_TIE:.0f} points",
                     f"{100 * gdpo['main_accuracy']:.1f}% vs {100 * grpo['main_accuracy']:.1f}% ({100 * tie:.1f} apart)",
-                    tie <= MAIN_TIE))
+                    tie <= MAIN_TIE + EPS))
     out.append((f"the whole demo within {DEVICE_MINUTES:.0f} minutes of device time (one GPU)",
                 f"{total_s / 60:.1f} min of stage wall time", total_s <= 60 * DEVICE_MINUTES if engine == "vllm"
                 else None))

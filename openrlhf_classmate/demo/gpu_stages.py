@@ -220,11 +220,12 @@ class GPUDemo:
 
     def _isolated(self, name: str):
         def run(deadline: float) -> bool:
-            from openrlhf_classmate.testing.e2e import kill_session
+            from openrlhf_classmate.testing.e2e import kill_session, release_build_locks
 
             command = [sys.executable, "-m", "openrlhf_classmate.demo", *self.argv, "--_stage", name]
             log_path = self.path(MARKERS, f"{name}.log")
             os.makedirs(os.path.dirname(log_path), exist_ok=True)
+            started = time.time()
             proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace")
             # the console shows the child's output as it comes, and stages/<name>.log keeps it for the error line
@@ -246,6 +247,9 @@ class GPUDemo:
             finally:
                 if proc.poll() is None:
                     kill_session(proc)
+                    # the warm start's FusedAdam pre-build dies with it, perhaps mid-build: its lock would make the
+                    # next launcher wait for a build that will never end
+                    release_build_locks(since=started)
                 copier.join(timeout=10)
             if code != 0:
                 raise StageFailed(f"the child process exited with {code}; its output: {log_path}", log_path)
@@ -304,7 +308,9 @@ class GPUDemo:
         info = {"main_params": _params(main_model), "classmate_params": _params(cm_model), "vocab": len(tok),
                 "main_size": list(dataclasses.astuple(self.s.sizes.main)),
                 "classmate_size": list(dataclasses.astuple(self.s.sizes.classmate)),
-                "device": torch.cuda.get_device_name(0) if cuda else "cpu"}
+                "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+                # where two demos share a host (one GPU each), their seeds' times are read with this
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "host_cpus": os.cpu_count()}
         example = held[0]
         chain = W.response_text(W.chain_text(example, true_chain(example)), str(example.answer))
         line(f"{len(train)} training prompts, {len(held)} held-out problems, e.g. '{example.text}' -> {example.answer}")
