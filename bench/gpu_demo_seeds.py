@@ -1,5 +1,5 @@
-"""The GPU demo over seeds (issue 44): each seed's held-out figures and acceptance checks, read from the
-``summary.json`` its run wrote, side by side, then the mean and range of each figure (the table of docs/demo.md).
+"""The GPU demo over seeds: each seed's held-out figures and acceptance checks, read from the ``summary.json`` its
+run wrote, side by side, then the mean and range of each figure (the table of docs/demo.md).
 
     python bench/gpu_demo_seeds.py [FOLDER ...] [--json OUT]
 

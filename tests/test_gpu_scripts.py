@@ -1068,7 +1068,7 @@ def test_launcher_profile_counts_a_connection_and_its_lookup_once():
 
 
 def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_path, capsys, monkeypatch):
-    # bench/gpu_demo_seeds.py (issue 44): the committed seed 0 as it is, and two copies standing in for seeds 1 and 2
+    # bench/gpu_demo_seeds.py: the committed seed 0 as it is, and two copies standing in for seeds 1 and 2
     # with other accuracies and a failed check, so the mean, the range and the failed check are known by hand
     seeds = _bench("gpu_demo_seeds")
     seed0 = os.path.join(REPO, "bench", "gpu_results", "gpu_demo")
