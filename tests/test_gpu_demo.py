@@ -354,6 +354,29 @@ def test_a_failed_stage_is_one_line_with_its_log_and_the_rerun_resumes_there(tmp
     assert ran == ["a", "b", "b", "c"]
 
 
+def test_a_stage_failing_in_this_process_keeps_its_traceback_and_names_it(tmp_path):
+    # the report stage runs in the demo's own process; a bare KeyError there used to print "failed: 'grpo'" and no
+    # more: the line now says what was raised and where its traceback is, and the rerun starts at the stage
+    out, broken = str(tmp_path), {"report": True}
+
+    def build_report(deadline):
+        if broken["report"]:
+            return {}["grpo"]
+        ST.mark_done(out, "report", {})
+        return True
+
+    stages = [ST.Stage("report", "the report", lambda: 1, build_report)]
+    lines = []
+    assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == ST.EXIT_FAILED
+    log = os.path.join(out, "stages", "report.log")
+    assert lines[-1] == (f"error: stage report failed: KeyError: 'grpo' (traceback: {log}); run the same command "
+                         "again to go on from stage report (the stages before it are done)")
+    trace = open(log).read()
+    assert "in build_report" in trace and trace.rstrip().endswith("KeyError: 'grpo'")
+    broken["report"] = False
+    assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == 0
+
+
 @pytest.mark.slow
 def test_a_child_stage_that_cannot_start_names_its_log(tmp_path, capsys):
     # an isolated stage's child process fails before it does anything (here: a flag its parser refuses, as a child

@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,18 @@ def failure_line(name: str, error: BaseException) -> tuple[list[str], str]:
     first = re.sub(r";?\s*tail:\s*$", "", first.removeprefix("error: "))  # the launcher's tail follows as detail
     return detail, (f"error: stage {name} failed: {first}; run the same command again to go on from stage {name} "
                     "(the stages before it are done)")
+
+
+def keep_traceback(out: str, name: str, error: BaseException) -> str | None:
+    """Write ``error``'s traceback to ``stages/<name>.log`` where the error names no log of its own (a stage that
+    ran in this process: the report, a parallel stage's bookkeeping); return that path, or None."""
+    if isinstance(error, SystemExit) or getattr(error, "log_path", None) or "(log: " in str(error):
+        return None  # a one-line refusal, or a failure whose message already names the log that says why
+    path = os.path.join(out, MARKERS, f"{name}.log")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(traceback.format_exception(error)))
+    return path
 
 
 def marker_path(out: str, name: str) -> str:
@@ -165,6 +178,9 @@ def run_stages(stages: list[Stage], out: str, budget_s: float, timings: Timings,
             finished = stage.run(t0 + budget_s - margin_s)
         except (Exception, SystemExit) as e:  # noqa: BLE001  (a child stage's exit included; not Ctrl-C)
             on_stage_end()
+            trace = keep_traceback(out, stage.name, e)
+            if trace:  # e.g. a KeyError's message alone is a bare key
+                e = RuntimeError(f"{type(e).__name__}: {e} (traceback: {trace})")
             detail, message = failure_line(stage.name, e)
             for text in detail:  # e.g. the launcher log's last lines
                 log(f"  {text}")
