@@ -101,7 +101,10 @@ env_setup() {
 }
 env_setup
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+  # the GPUs this call's processes see (CUDA_VISIBLE_DEVICES: two jobs on one host, a GPU each)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+    ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} 2>/dev/null || echo "no GPU"
+  echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}; $(nproc) CPUs"
   python3 - <<'PY'
 from importlib.metadata import PackageNotFoundError, version
 import torch
