@@ -337,6 +337,7 @@ def test_a_failed_stage_is_one_line_with_its_log_and_the_rerun_resumes_there(tmp
         def run(deadline):
             ran.append(name)
             if broken.get(name):
+                time.sleep(0.2)  # the failed attempt's time
                 raise RuntimeError(f"the launcher exited with 1 (log: {out}/runs/b/launcher.log); tail:\nTraceback ...")
             ST.mark_done(out, name, {"ok": True})
             return True
@@ -352,6 +353,10 @@ def test_a_failed_stage_is_one_line_with_its_log_and_the_rerun_resumes_there(tmp
     broken["b"] = False
     assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == 0
     assert ran == ["a", "b", "b", "c"]
+    # the failed attempt counts in the stage's time (the demo's device time), not in the next call's estimate
+    timings = ST.Timings(out)
+    (failed,), (done,) = timings.data["b"]["failed_seconds"], timings.data["b"]["seconds"]
+    assert failed >= 0.2 > done and timings.total("b") == pytest.approx(failed + done)
 
 
 def test_a_stage_failing_in_this_process_keeps_its_traceback_and_names_it(tmp_path):

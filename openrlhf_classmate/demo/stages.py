@@ -138,7 +138,9 @@ class Timings:
             write_json(self.path, self.data)
 
     def total(self, name: str) -> float:
-        return sum(self.data.get(name, {}).get("seconds", []))
+        """Every call's seconds of stage ``name``, its failed attempts included (the device time it took)."""
+        entry = self.data.get(name, {})
+        return sum(entry.get("seconds", [])) + sum(entry.get("failed_seconds", []))
 
     def last(self, name: str, key: str) -> float | None:
         values = self.data.get(name, {}).get(key)
@@ -177,6 +179,8 @@ def run_stages(stages: list[Stage], out: str, budget_s: float, timings: Timings,
         try:
             finished = stage.run(t0 + budget_s - margin_s)
         except (Exception, SystemExit) as e:  # noqa: BLE001  (a child stage's exit included; not Ctrl-C)
+            # apart from "seconds", which the next call's estimate reads: a failure's time is no estimate
+            timings.measure(stage.name, failed_seconds=time.time() - started)
             on_stage_end()
             trace = keep_traceback(out, stage.name, e)
             if trace:  # e.g. a KeyError's message alone is a bare key
