@@ -220,7 +220,7 @@ class GPUDemo:
 
     def _isolated(self, name: str):
         def run(deadline: float) -> bool:
-            from openrlhf_classmate.testing.e2e import kill_session, release_build_locks
+            from openrlhf_classmate.testing.e2e import stop_session
 
             command = [sys.executable, "-m", "openrlhf_classmate.demo", *self.argv, "--_stage", name]
             log_path = self.path(MARKERS, f"{name}.log")
@@ -246,10 +246,9 @@ class GPUDemo:
                             return False
             finally:
                 if proc.poll() is None:
-                    kill_session(proc)
                     # the warm start's FusedAdam pre-build dies with it, perhaps mid-build: its lock would make the
                     # next launcher wait for a build that will never end
-                    release_build_locks(since=started)
+                    stop_session(proc, since=started)
                 copier.join(timeout=10)
             if code != 0:
                 raise StageFailed(f"the child process exited with {code}; its output: {log_path}", log_path)

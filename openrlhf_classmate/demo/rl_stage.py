@@ -2,7 +2,7 @@
 resumes from the newest complete one (``--ckpt.load_enable``); when the call's time is nearly up, the run is stopped
 right after a checkpoint and the next call goes on from there.
 
-The launcher runs in its own process session (``testing.e2e.kill_session`` ends it with its Ray and engine
+The launcher runs in its own process session (``testing.e2e.stop_session`` ends it with its Ray and engine
 processes). Its output is appended to ``<run_dir>/launcher.log``; every ``Global step`` line is parsed and appended
 to ``<run_dir>/steps.jsonl`` at once, so the metrics of a stopped run are kept even where its tensorboard writer had
 not flushed yet. A run is finished when its final model (``<run_dir>/final``) is saved.
@@ -106,7 +106,7 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
     Raises ``RuntimeError`` with the log's tail when the launcher fails. ``program``: what runs ``argv`` (default
     the launcher, ``python -m openrlhf_classmate.cli.train_ppo_ray``); ``env``: variables added to its environment; ``stop`` (set by another thread): stop the launcher now (the steps
     after its last checkpoint are lost)."""
-    from openrlhf_classmate.testing.e2e import kill_session, release_build_locks
+    from openrlhf_classmate.testing.e2e import stop_session
 
     os.makedirs(run_dir, exist_ok=True)
     started_at = checkpoint_step(run_dir)
@@ -176,8 +176,7 @@ def run(run_dir: str, argv: list[str], *, steps: int, save_every: int, deadline:
                         break
         finally:
             if proc.poll() is None:
-                kill_session(proc, grace=kill_grace_s)
-                for lock in release_build_locks(since=t0):
+                for lock in stop_session(proc, since=t0, grace=kill_grace_s):
                     log.write(f"[demo] removed the build lock {lock} left by the stopped launcher\n")
                 log.write(f"[demo] launcher stopped: {outcome.stopped or 'interrupted'}\n")
     if outcome.step_times:

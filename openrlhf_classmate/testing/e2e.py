@@ -13,13 +13,14 @@ import os
 import random
 
 from openrlhf_classmate.testing.tiny_models import save_tiny_model
-from openrlhf_classmate.testing.watchdog import (  # noqa: F401  (kill_session, release_build_locks: re-exported)
+from openrlhf_classmate.testing.watchdog import (  # noqa: F401  (kill_session, release_build_locks, stop_session: re-exported)
     HARD_TIMEOUT,
     QUIET,
     TIMEOUT_EXIT,
     kill_session,
     release_build_locks,
     run_watched,
+    stop_session,
 )
 
 WORDS = ["0", "1", "2", "3", "4", "+", "=", "?"]

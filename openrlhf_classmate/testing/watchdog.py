@@ -55,9 +55,9 @@ def run_watched(cmd: list[str], log_path: str, cwd: str | None = None, env: dict
                 reason = f"killed after {timeout} s (timeout)"
             else:
                 continue
-            kill_session(proc, grace=grace)
+            removed = stop_session(proc, since=started, grace=grace)
             log.write(f"\n[watchdog] {reason}\n")
-            for lock in release_build_locks(since=started):
+            for lock in removed:
                 log.write(f"[watchdog] removed the build lock {lock} left by the killed session\n")
             log.flush()
             return result
@@ -78,6 +78,13 @@ def release_build_locks(since: float) -> list[str]:
             except OSError:
                 pass
     return removed
+
+
+def stop_session(proc, since: float, grace: float = 15.0) -> list[str]:
+    """Kill the process session led by ``proc`` (:func:`kill_session`), then remove the JIT build locks created since
+    ``since``, its start, which its killed builders may have left (:func:`release_build_locks`); returns those."""
+    kill_session(proc, grace=grace)
+    return release_build_locks(since=since)
 
 
 def kill_session(proc, grace: float = 15.0) -> None:
