@@ -34,10 +34,13 @@ class StageFailed(RuntimeError):
         self.log_path = log_path
 
 
-def failure_line(name: str, error: BaseException) -> tuple[list[str], str]:
-    """(the detail lines of ``error``'s message after its first, the one line that says stage ``name`` failed)."""
+def failure_line(name: str, error: BaseException, trace: str | None = None) -> tuple[list[str], str]:
+    """(the detail lines of ``error``'s message after its first, the one line that says stage ``name`` failed);
+    with ``trace``, the file its traceback was kept in (:func:`keep_traceback`), named with the error's type."""
     first, *detail = (str(error) or type(error).__name__).splitlines()
     first = re.sub(r";?\s*tail:\s*$", "", first.removeprefix("error: "))  # the launcher's tail follows as detail
+    if trace:  # e.g. a KeyError's message alone is a bare key
+        first = f"{type(error).__name__}: {first} (traceback: {trace})"
     return detail, (f"error: stage {name} failed: {first}; run the same command again to go on from stage {name} "
                     "(the stages before it are done)")
 
@@ -182,10 +185,7 @@ def run_stages(stages: list[Stage], out: str, budget_s: float, timings: Timings,
             # apart from "seconds", which the next call's estimate reads: a failure's time is no estimate
             timings.measure(stage.name, failed_seconds=time.time() - started)
             on_stage_end()
-            trace = keep_traceback(out, stage.name, e)
-            if trace:  # e.g. a KeyError's message alone is a bare key
-                e = RuntimeError(f"{type(e).__name__}: {e} (traceback: {trace})")
-            detail, message = failure_line(stage.name, e)
+            detail, message = failure_line(stage.name, e, keep_traceback(out, stage.name, e))
             for text in detail:  # e.g. the launcher log's last lines
                 log(f"  {text}")
             log(message)
