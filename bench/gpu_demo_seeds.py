@@ -79,15 +79,15 @@ def verdict(checks: list[tuple]) -> str:
     return "all pass" if not unjudged else "pass, not judged: " + "; ".join(unjudged)
 
 
-def table(rows: list[dict]) -> str:
-    """A markdown table: one row per seed, then the mean [min, max] of each figure where there are several seeds."""
+def table(rows: list[dict], s: dict | None) -> str:
+    """A markdown table: one row per seed, then the mean [min, max] of each figure (``s``, :func:`spread`) where
+    there are several seeds."""
     names = [name for name, _ in COLUMNS]
     lines = ["| seed | " + " | ".join(names) + " | checks | device |", "|---" * (len(names) + 3) + "|"]
     for r in rows:
         lines.append(f"| {r['seed']} | " + " | ".join(f"{r['figures'][n]:.1f}" for n in names)
                      + f" | {verdict(r['checks'])} | {r['device']} |")
-    if len(rows) > 1:
-        s = spread(rows)
+    if s is not None:
         lines.append("| mean [min, max] | " + " | ".join(
             f"{s[n]['mean']:.1f} [{s[n]['min']:.1f}, {s[n]['max']:.1f}]" for n in names) + " | | |")
         devices = sorted({r["device"] for r in rows})
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
         if r["seed"] in seen:
             sys.exit(f"error: seed {r['seed']} twice: {seen[r['seed']]} and {r['folder']}")
         seen[r["seed"]] = r["folder"]
-    print(table(rows))
     result = {"seeds": rows, "spread": spread(rows) if len(rows) > 1 else None}
+    print(table(rows, result["spread"]))
     if a.json:
         tmp = a.json + ".tmp"
         with open(tmp, "w") as f:
