@@ -1125,3 +1125,19 @@ def test_the_seeds_table_reads_each_summary_and_gives_the_mean_and_range(tmp_pat
         seeds.main([folders[1], write("s1_again", summary | {"seed": 1})])
     with pytest.raises(SystemExit, match=r"s9/summary.json: no demo summary"):
         seeds.main([str(tmp_path / "s9")])
+
+
+def test_the_committed_seeds_give_the_tables_of_the_readme_and_the_demo_doc(capsys):
+    # the three committed GPU demo runs read back to the table docs/demo.md and the README print, line for line;
+    # every check holds at each seed (a seed that failed one would say so in its row, and the docs with it)
+    seeds = _bench("gpu_demo_seeds")
+    result = seeds.main([])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert [r["seed"] for r in result["seeds"]] == [0, 1, 2] and len(lines) == 6
+    assert all(seeds.verdict(r["checks"]) == "all pass" for r in result["seeds"])
+    for doc in ("README.md", os.path.join("docs", "demo.md")):
+        with open(os.path.join(REPO, doc)) as f:
+            text = f.read()
+        assert all(line + "\n" in text for line in lines), doc
+    gap = result["spread"]["gap GDPO - GRPO"]
+    assert (round(gap["mean"], 1), round(gap["min"], 1), round(gap["max"], 1)) == (90.7, 87.8, 95.5)
