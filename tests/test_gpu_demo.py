@@ -399,6 +399,48 @@ def test_a_child_stage_that_cannot_start_names_its_log(tmp_path, capsys):
     assert "--no-such-flag" in capsys.readouterr().out  # the console still shows it as it happens
 
 
+@pytest.mark.slow
+def test_an_evaluation_whose_child_cannot_import_the_package_is_one_line_and_the_next_call_starts_there(
+        tmp_path, monkeypatch):
+    # the isolated evaluation's child finds a broken openrlhf_classmate ahead of the real one on its path (as after
+    # a half-finished install): the call ends with one line naming stages/eval_before.log, which holds the child's
+    # ImportError; the stage after it does not run, and the next call starts at the evaluation
+    from openrlhf_classmate.demo import gpu
+    from openrlhf_classmate.demo.gpu_stages import GPUDemo
+
+    broken = tmp_path / "broken" / "openrlhf_classmate"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('openrlhf_classmate is half installed')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken.parent))
+    monkeypatch.chdir(tmp_path)  # not the repository: the child's first path entry is its working directory
+    out = str(tmp_path / "demo")
+    demo = GPUDemo(gpu.settings_from_args(_parse_demo(["--gpu", "--tiny"])), out, ["--gpu", "--tiny"])
+    ran = []
+
+    def stand_in(name):
+        def run(deadline):
+            ran.append(name)
+            ST.mark_done(out, name, {})
+            return True
+        return ST.Stage(name, name, lambda: 1, run)
+
+    stages = [stand_in("warmstart"), ST.Stage("eval_before", "held-out evaluation", lambda: 60,
+                                              demo._isolated("eval_before")), stand_in("rl_classmate")]
+    lines = []
+    assert ST.run_stages(stages, out, float("inf"), ST.Timings(out), log=lines.append) == ST.EXIT_FAILED
+    log = os.path.join(out, "stages", "eval_before.log")
+    assert lines[-1] == (f"error: stage eval_before failed: the child process exited with 1; its output: {log}; run "
+                         "the same command again to go on from stage eval_before (the stages before it are done)")
+    assert "ImportError: openrlhf_classmate is half installed" in open(log).read()
+    assert ran == ["warmstart"] and not ST.is_done(out, "eval_before")
+    # the next call: the warm start is not run again, and the evaluation is the first stage it takes up (here it
+    # does not fit the budget, so the call stops before it and names what is left)
+    lines.clear()
+    assert ST.run_stages(stages, out, 30, ST.Timings(out), log=lines.append) == ST.EXIT_UNFINISHED
+    assert lines[0] == "already done (not run again): warmstart" and ran == ["warmstart"]
+    assert any(line.startswith("\nstopping before 'eval_before'") for line in lines), lines
+
+
 @pytest.mark.slow  # the slow guard sees a demo command line (its child here is a stand-in script, ~4 s)
 def test_a_child_stage_stopped_at_the_budget_leaves_no_build_lock_behind(tmp_path, monkeypatch):
     # the warm start's child pre-builds DeepSpeed's FusedAdam; stopped at the call's budget mid-build, its lock must
