@@ -6,9 +6,12 @@ runs before (and without) any training stack.
 
 Commands:
 
-* ``http-ok URL``: exit 0 when GET URL answers with a status below 400 within 5 s (as ``curl -f``), 1 otherwise
-  (lib.sh's fallback where curl is missing);
-* ``first-model-id BASE_URL``: print the first model id of GET BASE_URL/models (an OpenAI-compatible server);
+* ``http-ok URL [KEY_ENV]``: exit 0 when GET URL answers with a status below 400 within 5 s (as ``curl -f``), 1
+  otherwise (lib.sh's fallback where curl is missing);
+* ``first-model-id BASE_URL [KEY_ENV]``: print the first model id of GET BASE_URL/models (an OpenAI-compatible
+  server);
+  both send ``Authorization: Bearer <key>`` where the environment variable KEY_ENV holds a key (its name, not the key,
+  is the argument: a process listing shows arguments);
 * ``ray-runtime-env ROOT NAME...``: print the Ray job's runtime env as JSON: ROOT as working directory (large folders
   excluded) and the environment variables NAME... that are set;
 * ``fit-micro-batches CONFIG ACTOR_GPUS FLAG...``: print (one token a line) the ``--train.micro_batch_size`` /
@@ -33,18 +36,24 @@ from collections.abc import Mapping, Sequence
 RAY_JOB_EXCLUDES = [".venv/", ".git/", "/runs/", "/outputs/", "/data/", "*.safetensors", "*.pt"]
 
 
-def http_ok(url: str, timeout_s: float = 5.0) -> bool:
+def _get(url: str, api_key_env: str | None) -> urllib.request.Request:
+    """A GET request for ``url``, with the API key of the environment variable ``api_key_env`` where it holds one."""
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+
+
+def http_ok(url: str, timeout_s: float = 5.0, api_key_env: str | None = None) -> bool:
     """True when GET ``url`` answers with a status below 400 (redirects followed) within ``timeout_s``."""
     try:
-        urllib.request.urlopen(url, timeout=timeout_s).close()
+        urllib.request.urlopen(_get(url, api_key_env), timeout=timeout_s).close()
         return True
     except (OSError, ValueError):  # URLError, HTTPError, timeouts, connection refused; ValueError: a malformed URL
         return False
 
 
-def first_model_id(base_url: str, timeout_s: float = 10.0) -> str:
+def first_model_id(base_url: str, timeout_s: float = 10.0, api_key_env: str | None = None) -> str:
     """The first model id served at ``base_url``/models."""
-    with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout_s) as response:
+    with urllib.request.urlopen(_get(base_url.rstrip("/") + "/models", api_key_env), timeout=timeout_s) as response:
         return json.load(response)["data"][0]["id"]
 
 
@@ -104,16 +113,16 @@ def fit_micro_batches_flags(config: str, actor_gpus: int, flags: Sequence[str]) 
                  f"micro-batches per optimizer step of --train.batch_size {b.train_batch}")
 
 
-USAGE = "usage: python -m openrlhf_classmate.script_helpers {http-ok URL | first-model-id BASE_URL | " \
+USAGE = "usage: python -m openrlhf_classmate.script_helpers {http-ok URL [KEY_ENV] | first-model-id BASE_URL [KEY_ENV] | " \
         "ray-runtime-env ROOT [NAME ...] | fit-micro-batches CONFIG ACTOR_GPUS [FLAG ...]}"
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) == 2 and argv[0] == "http-ok":
-        return 0 if http_ok(argv[1]) else 1
-    if len(argv) == 2 and argv[0] == "first-model-id":
+    if len(argv) in (2, 3) and argv[0] == "http-ok":
+        return 0 if http_ok(argv[1], api_key_env=(argv[2:] or [None])[0]) else 1
+    if len(argv) in (2, 3) and argv[0] == "first-model-id":
         try:
-            print(first_model_id(argv[1]))
+            print(first_model_id(argv[1], api_key_env=(argv[2:] or [None])[0]))
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
             print(f"error: cannot read the served model name from {argv[1]}/models: {e}", file=sys.stderr)
             return 1

@@ -18,7 +18,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class _Handler(QuietHandler):
     def do_GET(self):  # noqa: N802
-        if self.path == "/v1/models":
+        if self.path.startswith("/v1/keyed/") and self.headers.get("Authorization") != "Bearer s3cret":
+            self.reply(401, {"error": "no key"})
+        elif self.path in ("/v1/models", "/v1/keyed/models"):
             self.reply(200, {"object": "list", "data": [{"id": "judge-a"}, {"id": "judge-b"}]})
         elif self.path == "/v1/empty/models":
             self.reply(200, {"data": []})
@@ -43,6 +45,18 @@ def test_first_model_id_reads_the_first_served_model(server, capsys):
     assert first_model_id(server + "/v1/") == "judge-a"
     assert main(["first-model-id", server + "/v1/empty"]) == 1
     assert "cannot read the served model name from" in capsys.readouterr().err
+
+
+def test_a_server_that_needs_a_key_gets_the_one_in_the_named_variable(server, monkeypatch, capsys):
+    # a hosted judge answers 401 without its key: the helpers send the key of the variable named (never the key itself
+    # as an argument); without it the server is not ready and its model name is not read
+    monkeypatch.setenv("MY_JUDGE_KEY", "s3cret")
+    keyed = server + "/v1/keyed"
+    assert not http_ok(keyed + "/models") and http_ok(keyed + "/models", api_key_env="MY_JUDGE_KEY")
+    assert not http_ok(keyed + "/models", api_key_env="UNSET_KEY_VARIABLE")
+    assert main(["http-ok", keyed + "/models", "MY_JUDGE_KEY"]) == 0 and main(["http-ok", keyed + "/models"]) == 1
+    assert main(["first-model-id", keyed, "MY_JUDGE_KEY"]) == 0 and capsys.readouterr().out == "judge-a\n"
+    assert main(["first-model-id", keyed]) == 1 and "HTTP Error 401" in capsys.readouterr().err
 
 
 def test_ray_runtime_env_keeps_the_listed_variables_once():

@@ -52,15 +52,20 @@ def _free_port() -> int:
 
 class _ModelsHandler(QuietHandler):
     status = 200
+    key = None  # set: a request without "Authorization: Bearer <key>" gets 401, as a hosted endpoint
 
     def do_GET(self):  # noqa: N802
+        if self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
+            self.reply(401, {"error": "no API key"})
+            return
         self.reply(self.status if self.path == "/v1/models" else 404,
                    {"object": "list", "data": [{"id": "served-judge", "object": "model"}]})
 
 
-def _serve(port: int, status: int = 200, delay: float = 0.0):
-    """A local /v1/models server on 127.0.0.1:port (started after `delay` seconds); returns a stop function."""
-    handler = type("Handler", (_ModelsHandler,), {"status": status})
+def _serve(port: int, status: int = 200, delay: float = 0.0, key: str | None = None):
+    """A local /v1/models server on 127.0.0.1:port (started after `delay` seconds; with ``key``, it answers only
+    requests that carry it); returns a stop function."""
+    handler = type("Handler", (_ModelsHandler,), {"status": status, "key": key})
     running = contextlib.ExitStack()
 
     def run():
@@ -679,3 +684,133 @@ def test_the_scripts_tell_a_local_path_from_a_hub_id_as_the_preflight_does(tmp_p
     expected = ["local" if looks_local(c) else "hub" for c in cases]
     assert lines == expected
     assert expected[:5] == ["local"] * 5 and expected[5:7] == ["hub", "hub"] and expected[7] == "local"
+
+
+
+# ── the environment a researcher sets: switches, counts, waits, keys, log folders ──
+
+@pytest.mark.parametrize("value, dry", [("1", True), ("true", True), ("Yes", True), ("on", True), ("0", False),
+                                        ("false", False), ("NO", False), ("off", False), ("", False)])
+def test_dry_run_takes_the_usual_words(value, dry):
+    proc = _bash("if is_dry_run; then echo dry; else echo real; fi", {"DRY_RUN": value})
+    assert proc.returncode == 0 and proc.stdout.strip() == ("dry" if dry else "real"), proc.stderr
+
+
+@pytest.mark.parametrize("name", ["DRY_RUN", "PREFLIGHT", "RAY_SUBMIT"])
+def test_a_switch_with_another_value_is_refused_before_any_work(name, tmp_path, fakes):
+    # DRY_RUN=maybe used to start a real run (only "1" counted); now no preflight, server or launcher runs
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    env = dict(os.environ, PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"],
+               GPUS_PER_NODE="1", DATA=str(data), EVAL_DATA="", OUTPUT_DIR=str(tmp_path / "run"), **{name: "maybe"})
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_gsm8k.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (f"[train_scripts] error: {name}=maybe: use 1 (or true, yes, on) "
+                                                    "or 0 (or false, no, off)")
+    assert not any(os.path.exists(fakes["FAKE_PYTHON_RECORD"] + end) for end in ("", ".check"))
+
+
+def test_preflight_and_ray_submit_take_the_words_for_off(tiny):
+    env = {"GPUS_PER_NODE": "1", "DATA": tiny["data"], "EVAL_DATA": "", "MODEL": tiny["policy"],
+           "CLASSMATE_MODEL": tiny["classmate"], "PREFLIGHT": "false", "RAY_ADDRESS": "auto", "RAY_SUBMIT": "no"}
+    proc, checks = _script_with_recorded_preflight("classmate_gsm8k", env)
+    assert proc.returncode == 0, proc.stderr
+    assert checks == [] and "PREFLIGHT=false: skipping the launcher's --check" in proc.stderr
+    launcher = [line for line in proc.stdout.splitlines() if "train_ppo_ray" in line]
+    assert len(launcher) == 1 and " job submit " not in launcher[0]  # run directly, not submitted
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("SERVER_READY_TIMEOUT", "2.5", "SERVER_READY_TIMEOUT=2.5: must be a whole number >= 1"),
+    ("SERVER_ATTACH_TIMEOUT", "1e3", "SERVER_ATTACH_TIMEOUT=1e3: must be a whole number >= 1"),
+    ("SERVER_POLL_INTERVAL", "0", "SERVER_POLL_INTERVAL=0: must be a number of seconds > 0"),
+    ("JUDGE_API_KEY_ENV", "my key", "JUDGE_API_KEY_ENV=my key: must be the name of an environment variable"),
+])
+def test_server_wait_settings_bash_cannot_use_are_refused_before_any_server_starts(name, value, message, tmp_path,
+                                                                                  fakes):
+    # SERVER_READY_TIMEOUT=2.5 used to print a bash arithmetic error at every poll and never time out
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
+               PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"], GPUS_PER_NODE="1",
+               JUDGE_PORT=str(_free_port()), JUDGE_MODEL="judge-x", DATA=str(data), EVAL_DATA="",
+               OUTPUT_DIR=str(tmp_path / "run"), **{name: value})
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "warmup.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and f"[train_scripts] error: {message}" in proc.stderr, proc.stderr
+    assert not os.path.exists(fakes["FAKE_VLLM_RECORD"]) and not os.path.exists(fakes["FAKE_PYTHON_RECORD"] + ".check")
+
+
+def test_counts_with_a_leading_zero_are_decimal_all_the_way():
+    # GPUS_PER_NODE=08 passed the check but broke later arithmetic ("value too great for base")
+    proc = _bash('setup_gpus; echo "$GPUS_PER_NODE|$TRAIN_CUDA_DEVICES|$SERVER_CUDA_DEVICES|$TOTAL_GPUS"',
+                 {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(9))), "GPUS_PER_NODE": "08", "SERVER_GPUS": "01"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "8|0,1,2,3,4,5,6,7|8|8", proc.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_bad_darling_server_count_is_named(value):
+    proc = _bash("use_darling_classifiers", {"DARLING_NUM_SERVERS": value, "DARLING_CLASSIFIER_MODEL": "m"})
+    assert proc.returncode == 1
+    assert f"[train_scripts] error: DARLING_NUM_SERVERS={value}: must be a whole number >= 1" in proc.stderr
+
+
+def test_server_logs_go_to_the_runs_own_folder(tmp_path, fakes):
+    # without OUTPUT_DIR, every script that starts a server wrote runs/run/logs/ (two runs overwrote each other's
+    # judge.log); the log is the run's, runs/warmup/logs/judge.log, as the README says, also for a relative RUNS_DIR
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    env = dict(os.environ, VLLM_BIN=fakes["VLLM_BIN"], FAKE_VLLM_RECORD=fakes["FAKE_VLLM_RECORD"],
+               PYTHON=fakes["FAKE_PYTHON"], FAKE_PYTHON_RECORD=fakes["FAKE_PYTHON_RECORD"], GPUS_PER_NODE="1",
+               JUDGE_PORT=str(_free_port()), JUDGE_MODEL="judge-x", DATA=str(data), EVAL_DATA="", RUNS_DIR="runs",
+               SERVER_POLL_INTERVAL="0.1")
+    env.pop("OUTPUT_DIR", None)
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "warmup.sh")], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    log = tmp_path / "runs" / "warmup" / "logs" / "judge.log"
+    assert log.exists() and f"(log: {log})" in proc.stderr
+    assert not (tmp_path / "runs" / "run").exists()
+
+
+def test_the_sandbox_starts_with_a_relative_output_dir_from_another_folder(tmp_path):
+    # the sandbox starts from the repository root: a relative log path was then looked up there and the service
+    # could not start ("rel_out/logs/sandbox.log: No such file or directory")
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    fake = tmp_path / "fake_launcher"
+    fake.write_text(FAKE_CODE_LAUNCHER)
+    fake.chmod(0o755)
+    port = _free_port()
+    env = dict(os.environ, PYTHON=str(fake), SANDBOX_PYTHON=sys.executable, SANDBOX_PORT=str(port),
+               SANDBOX_ARGS=f"--max-concurrency 1 --uid-base {46000 + os.getpid() % 1000}",
+               FAKE_PYTHON_RECORD=str(tmp_path / "record.txt"), GPUS_PER_NODE="1", DATA=str(data), EVAL_DATA="",
+               OUTPUT_DIR="rel_out", SERVER_POLL_INTERVAL="0.2", MODEL="Qwen/Qwen3-0.6B",
+               CLASSMATE_MODEL="Qwen/Qwen3-0.6B")
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_code.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "rel_out" / "logs" / "sandbox.log").exists() and "stopped 1 server(s)" in proc.stderr
+
+
+def test_a_judge_that_needs_an_api_key_is_asked_with_it(tmp_path, tiny):
+    # a hosted judge answers 401 without its key: the script's readiness poll and model-name lookup send the key of
+    # JUDGE_API_KEY_ENV (default OPENAI_API_KEY, as the launcher), which is also what the launcher is told to read
+    port = _free_port()
+    stop = _serve(port, key="s3cret")
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        ready = _bash(f"wait_ready judge {url} 2 '' '' /models MY_JUDGE_KEY", {"MY_JUDGE_KEY": "s3cret"})
+        no_key = _bash(f"wait_ready judge {url} 1", {"MY_JUDGE_KEY": "s3cret"})
+        env = {"JUDGE_URL": url, "GPUS_PER_NODE": "1", "DATA": tiny["judge_data"], "EVAL_DATA": "",
+               "MODEL": tiny["policy"], "OUTPUT_DIR": str(tmp_path / "out")}
+        named, _, _ = _dry_run("baseline_grpo", {**env, "JUDGE_API_KEY_ENV": "MY_JUDGE_KEY", "MY_JUDGE_KEY": "s3cret"})
+        default, _, _ = _dry_run("baseline_grpo", {**env, "OPENAI_API_KEY": "s3cret"})
+    finally:
+        stop()
+    assert ready.returncode == 0 and "judge server ready" in ready.stderr, ready.stderr
+    assert no_key.returncode == 1 and "never answered 200" in no_key.stderr
+    assert "--classmate.judge_model served-judge --classmate.judge_api_key_env MY_JUDGE_KEY" in " ".join(named)
+    assert "--classmate.judge_model served-judge" in " ".join(default)
+    assert "s3cret" not in " ".join(named + default)  # the key's name travels, never the key

@@ -32,26 +32,30 @@
 #                         OPENRLHF_CLASSMATE_SERVER_GPU_MEMORY: placement auto counts it beside the engines)
 #   SERVER_HOST           host in the server URLs (default 127.0.0.1; this node's IP when RAY_ADDRESS is set)
 #   SERVER_BIND           address the servers listen on (default 127.0.0.1; 0.0.0.0 when RAY_ADDRESS is set)
-#   SERVER_READY_TIMEOUT  seconds to wait for GET <url>/models (default 900: the first start downloads the model)
-#   SERVER_ATTACH_TIMEOUT seconds to wait for a server given by URL (JUDGE_URL, ...; default 60)
-#   SERVER_POLL_INTERVAL  seconds between readiness polls (default 5)
+#   SERVER_READY_TIMEOUT  whole seconds to wait for GET <url>/models (default 900: the first start downloads the model)
+#   SERVER_ATTACH_TIMEOUT whole seconds to wait for a server given by URL (JUDGE_URL, ...; default 60)
+#   SERVER_POLL_INTERVAL  seconds between readiness polls (default 5; fractions allowed)
 #   SANDBOX_URL           a running code-execution sandbox (else use_sandbox starts one on SANDBOX_PORT, default
 #                         8001, with the extra service flags SANDBOX_ARGS, SANDBOX_PYTHON (default PYTHON) and
 #                         SANDBOX_READY_TIMEOUT (default 120 s))
 #   CODE_REWARD           code / code_stdio scores: fraction (default) or all_or_nothing
-#   SERVER_LOG_DIR        server logs (default OUTPUT_DIR/logs)
+#   SERVER_LOG_DIR        server logs (default OUTPUT_DIR/logs, made absolute)
+#   JUDGE_API_KEY_ENV,    environment variable holding the judge's / TinyV verifier's API key (judge default
+#   TINYV_API_KEY_ENV     OPENAI_API_KEY, the launcher's; TinyV: none): passed to the launcher, and sent by the
+#                         script's own readiness poll and model-name lookup of a server given by URL
 #   VLLM_BIN              the vllm executable (default: vllm next to PYTHON, else vllm on PATH)
 #   RAY_ADDRESS           an existing Ray cluster: the launcher is submitted with `ray job submit --address
 #                         RAY_ADDRESS` (the dashboard address, e.g. http://HEAD:8265), as OpenRLHF documents
 #                         Servers the script started stop when it exits: Ctrl-C on `ray job submit` only stops
 #                         following the log, so stop the job itself with `ray job stop` first.
-#   RAY_SUBMIT            0: run the launcher directly even with RAY_ADDRESS set (it then joins the cluster with
+#   RAY_SUBMIT            0 (or false, no, off): run the launcher directly even with RAY_ADDRESS set (it then joins the cluster with
 #                         ray.init(address=RAY_ADDRESS); use auto or HEAD:6379 for that)
 #   JOB_PYTHON            python the Ray job runs (default: PYTHON; must exist on the head node)
 #   RAY_JOB_ENV_VARS      names of extra environment variables to forward to the Ray job (space separated)
-#   DRY_RUN               1: run the preflight, then print the server and launcher commands (lines starting with
+#   DRY_RUN               1 (or true, yes, on): run the preflight, then print the server and launcher commands (lines starting with
 #                         "+ ") and run nothing else
-#   PREFLIGHT             0: skip the launcher's --check before the servers start (default 1)
+#   PREFLIGHT             0 (or false, no, off): skip the launcher's --check before the servers start (default 1)
+#   A switch (DRY_RUN, PREFLIGHT, RAY_SUBMIT) with another value ends the script with one line naming it.
 
 TRAIN_SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$TRAIN_SCRIPTS_DIR/.." && pwd)"
@@ -74,7 +78,36 @@ die() {
   printf '[train_scripts] error: %s\n' "$*" >&2
   exit 1
 }
-is_dry_run() { [[ "${DRY_RUN:-0}" == 1 ]]; }
+
+# switch_on NAME DEFAULT: the switch variable NAME is on (1, true, yes, on; any case) or off (0, false, no, off);
+# unset or empty: DEFAULT. Anything else ends the script with one line (DRY_RUN=true must not start a real run).
+switch_on() {
+  local name=$1 value="${!1:-$2}"
+  case "${value,,}" in
+    1 | true | yes | on) return 0 ;;
+    0 | false | no | off) return 1 ;;
+    *) die "$name=$value: use 1 (or true, yes, on) or 0 (or false, no, off)" ;;
+  esac
+}
+is_dry_run() { switch_on DRY_RUN 0; }
+
+# check_environment: the switches, the servers' wait settings and API-key variable names, checked before any work
+# (one line each), not where a server has already started.
+check_environment() {
+  local name
+  switch_on DRY_RUN 0 || true
+  switch_on PREFLIGHT 1 || true
+  switch_on RAY_SUBMIT 1 || true
+  for name in SERVER_READY_TIMEOUT SERVER_ATTACH_TIMEOUT SANDBOX_READY_TIMEOUT; do
+    if [[ -n "${!name:-}" ]]; then require_count "$name" "${!name}" 1; fi
+  done
+  if [[ -n "${SERVER_POLL_INTERVAL:-}" ]]; then require_seconds SERVER_POLL_INTERVAL "$SERVER_POLL_INTERVAL"; fi
+  for name in JUDGE_API_KEY_ENV TINYV_API_KEY_ENV; do
+    if [[ -n "${!name:-}" && ! "${!name}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+      die "$name=${!name}: must be the name of an environment variable (the key's value stays in that variable)"
+    fi
+  done
+}
 
 # Print a command as one shell-quoted line starting with "+ " (dry runs and logs).
 print_cmd() {

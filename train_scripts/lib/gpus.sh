@@ -21,12 +21,21 @@ visible_gpus() {
 detect_gpus() { visible_gpus | grep -c . || true; }
 
 # require_count NAME VALUE MIN: VALUE must be a whole number >= MIN (a clear error instead of bash arithmetic on text,
-# or a run on zero GPUs).
+# or a run on zero GPUs); the variable NAME is then set to it in plain decimal.
 require_count() {
   local name=$1 value=$2 min=$3
-  # 10#: a value like 08 is decimal here, not an invalid octal number
+  # 10#: a value like 08 is decimal here, not an invalid octal number; written back as 8, so that later arithmetic
+  # (which reads 08 as octal) takes it too
   if ! [[ "$value" =~ ^[0-9]+$ ]] || ((10#$value < min)); then
     die "$name=$value: must be a whole number >= $min"
+  fi
+  printf -v "$name" '%d' "$((10#$value))"
+}
+
+# require_seconds NAME VALUE: VALUE must be a number of seconds > 0 (fractions allowed: sleep takes them).
+require_seconds() {
+  if ! [[ "$2" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]] || ! awk -v v="$2" 'BEGIN { exit !(v > 0) }'; then
+    die "$1=$2: must be a number of seconds > 0"
   fi
 }
 
@@ -35,6 +44,7 @@ require_count() {
 # engines) to RUN_ARGS and exports OPENRLHF_CLASSMATE_GPUS.
 setup_gpus() {
   local ids=() detected
+  check_environment
   mapfile -t ids < <(visible_gpus)
   detected=${#ids[@]}
   SERVER_GPUS="${SERVER_GPUS:-0}"

@@ -16,7 +16,7 @@ runtime_env_json() {
 # launch FLAGS...: run the launcher with FLAGS, directly or as a Ray job (RAY_ADDRESS); returns its exit status.
 launch() {
   local cmd=()
-  if [[ -n "${RAY_ADDRESS:-}" && "${RAY_SUBMIT:-1}" != 0 ]]; then
+  if [[ -n "${RAY_ADDRESS:-}" ]] && switch_on RAY_SUBMIT 1; then
     local ray_bin="${RAY_BIN:-}"
     if [[ -z "$ray_bin" ]]; then
       if [[ "$PYTHON" == */* && -x "$(dirname "$PYTHON")/ray" ]]; then ray_bin="$(dirname "$PYTHON")/ray"; else ray_bin=ray; fi
@@ -42,8 +42,8 @@ launch() {
 
 # preflight FLAGS...: the launcher's --check with FLAGS (before any server starts); exits on a refused run.
 preflight() {
-  if [[ "${PREFLIGHT:-1}" == 0 ]]; then
-    log "PREFLIGHT=0: skipping the launcher's --check"
+  if ! switch_on PREFLIGHT 1; then
+    log "PREFLIGHT=$PREFLIGHT: skipping the launcher's --check"
     return 0
   fi
   log "preflight: $PYTHON -m openrlhf_classmate.cli.train_ppo_ray --check ..."
@@ -61,7 +61,9 @@ run_config() {
   shift
   local config="$REPO_ROOT/configs/$name.yaml" out model data eval_data="" args=()
   [[ -f "$config" ]] || die "no config $config"
+  check_environment
   out=$(abs_path "${OUTPUT_DIR:-$RUNS_DIR/${RUN_NAME:-$name}}")
+  RUN_OUT_DIR=$out  # the servers started below log to its logs/ (server_log_dir)
   model=$(model_path MODEL "${MODEL:-}") || exit 1
   data=$(data_path DATA "${DATA:-}") || exit 1
   if [[ -n "${EVAL_DATA:-}" ]]; then eval_data=$(data_path EVAL_DATA "$EVAL_DATA") || exit 1; fi

@@ -2,13 +2,21 @@
 # The servers by role: judge, TinyV verifier, DARLING classifiers, code sandbox (sourced by train_scripts/lib.sh;
 # they start through lib/servers.sh).
 
-# first_model_id BASE_URL: the first model id served at BASE_URL/models (an OpenAI-compatible server).
-first_model_id() { _helper first-model-id "$1"; }
+# first_model_id BASE_URL [KEY_ENV]: the first model id served at BASE_URL/models (an OpenAI-compatible server), asked
+# with the API key in the environment variable KEY_ENV where it is set.
+first_model_id() { _helper first-model-id "$1" ${2:+"$2"}; }
 
-# served_model WHAT BASE_URL: first_model_id, with a clear error (a placeholder in a dry run).
+# server_key_env PREFIX: the environment variable holding the API key of the PREFIX server (JUDGE, TINYV): the one the
+# launcher will read, PREFIX_API_KEY_ENV, by default OPENAI_API_KEY for the judge (the launcher's) and none for TinyV.
+server_key_env() {
+  local var="$1_API_KEY_ENV"
+  if [[ -n "${!var:-}" ]]; then echo "${!var}"; elif [[ "$1" == JUDGE ]]; then echo OPENAI_API_KEY; fi
+}
+
+# served_model WHAT BASE_URL [KEY_ENV]: first_model_id, with a clear error (a placeholder in a dry run).
 served_model() {
   local id
-  if id=$(first_model_id "$2" 2>/dev/null); then printf '%s\n' "$id"; return 0; fi
+  if id=$(first_model_id "$2" "${3:-}" 2>/dev/null); then printf '%s\n' "$id"; return 0; fi
   if is_dry_run; then printf '%s\n' "MODEL-SERVED-AT-$1"; return 0; fi
   die "cannot read the served model name from $2/models ($1); set the matching *_MODEL variable"
 }
@@ -22,7 +30,7 @@ use_judge() {
     --served-model-name "${JUDGE_MODEL:-}" --tensor-parallel-size "${JUDGE_TP:-1}" \
     --gpu-memory-utilization "${JUDGE_GPU_MEM:-$(default_server_mem 0.2)}" --max-model-len "${JUDGE_MAX_MODEL_LEN:-16384}" \
     ${JUDGE_EXTRA_ARGS:-}
-  if [[ -z "${JUDGE_MODEL:-}" ]]; then JUDGE_MODEL=$(served_model JUDGE_URL "$JUDGE_URL") || exit 1; fi
+  if [[ -z "${JUDGE_MODEL:-}" ]]; then JUDGE_MODEL=$(served_model JUDGE_URL "$JUDGE_URL" "$(server_key_env JUDGE)") || exit 1; fi
   RUN_ARGS+=(--classmate.judge_base_url "$JUDGE_URL" --classmate.judge_model "$JUDGE_MODEL")
   if [[ -n "${JUDGE_API_KEY_ENV:-}" ]]; then RUN_ARGS+=(--classmate.judge_api_key_env "$JUDGE_API_KEY_ENV"); fi
 }
@@ -36,8 +44,9 @@ use_tinyv() {
     --served-model-name "${TINYV_MODEL:-}" --tensor-parallel-size "${TINYV_TP:-1}" \
     --gpu-memory-utilization "${TINYV_GPU_MEM:-$(default_server_mem 0.15)}" --max-model-len "${TINYV_MAX_MODEL_LEN:-4096}" \
     ${TINYV_EXTRA_ARGS:-}
-  if [[ -z "${TINYV_MODEL:-}" ]]; then TINYV_MODEL=$(served_model TINYV_URL "$TINYV_URL") || exit 1; fi
+  if [[ -z "${TINYV_MODEL:-}" ]]; then TINYV_MODEL=$(served_model TINYV_URL "$TINYV_URL" "$(server_key_env TINYV)") || exit 1; fi
   RUN_ARGS+=(--tinyv.base_url "$TINYV_URL" --tinyv.model "$TINYV_MODEL")
+  if [[ -n "${TINYV_API_KEY_ENV:-}" ]]; then RUN_ARGS+=(--tinyv.api_key_env "$TINYV_API_KEY_ENV"); fi
   # TinyV's VERIFIER_SETUP / VERIFIER_WEIGHT script arguments
   if [[ -n "${TINYV_MODE:-}" ]]; then RUN_ARGS+=(--tinyv.mode "$TINYV_MODE"); fi
   if [[ -n "${TINYV_WEIGHT:-}" ]]; then RUN_ARGS+=(--tinyv.weight "$TINYV_WEIGHT"); fi
@@ -56,13 +65,15 @@ use_darling_classifiers() {
     done
   else
     [[ -n "${DARLING_CLASSIFIER_MODEL:-}" ]] || die "DARLING needs its pair classifier: set DARLING_CLASSIFIER_MODEL (a fine-tuned 2-class sequence classifier: same meaning or not) or DARLING_CLASSIFIER_URLS"
-    n="${DARLING_NUM_SERVERS:-1}"
+    require_count DARLING_NUM_SERVERS "${DARLING_NUM_SERVERS:-1}" 1
+    require_count DARLING_PORT "${DARLING_PORT:-8010}" 1
+    n=$DARLING_NUM_SERVERS
     if [[ -n "${SERVER_CUDA_DEVICES:-}" ]]; then IFS=',' read -r -a devices <<<"$SERVER_CUDA_DEVICES"
     else mapfile -t devices < <(visible_gpus); fi
     ((${#devices[@]})) || devices=(0)
     for ((i = 0; i < n; i++)); do
       dev="${devices[$((i % ${#devices[@]}))]}"
-      port=$((${DARLING_PORT:-8010} + i))
+      port=$((DARLING_PORT + i))
       queue_server "darling_classifier_$i" "$port" "$dev" "$DARLING_CLASSIFIER_MODEL" \
         --runner pooling --served-model-name "similarity_gpu_$i" \
         --gpu-memory-utilization "${DARLING_GPU_MEM:-$(default_server_mem 0.15)}" \
@@ -83,7 +94,9 @@ use_darling_classifiers() {
 # OPENRLHF_CLASSMATE_SANDBOX_URL (the launcher forwards OPENRLHF_CLASSMATE_* to the reward processes) and, when
 # CODE_REWARD is set, OPENRLHF_CLASSMATE_CODE_REWARD (fraction | all_or_nothing).
 use_sandbox() {
-  local timeout="${SANDBOX_READY_TIMEOUT:-120}" cmd=() bind logdir logfile
+  local timeout cmd=() bind logdir logfile
+  check_environment
+  timeout="${SANDBOX_READY_TIMEOUT:-120}"
   if [[ -n "${CODE_REWARD:-}" ]]; then
     [[ "$CODE_REWARD" == fraction || "$CODE_REWARD" == all_or_nothing ]] || \
       die "CODE_REWARD must be fraction or all_or_nothing, got '$CODE_REWARD'"
@@ -105,7 +118,7 @@ use_sandbox() {
       if [[ "$bind" != 127.0.0.1 && "$bind" != localhost ]]; then
         log "warning: the sandbox listens on $bind: anyone who reaches port ${SANDBOX_PORT:-8001} can run programs there"
       fi
-      logdir="${SERVER_LOG_DIR:-${OUTPUT_DIR:-$RUNS_DIR/${RUN_NAME:-run}}/logs}"
+      logdir=$(server_log_dir)
       logfile="$logdir/sandbox.log"
       mkdir -p "$logdir"
       _install_trap

@@ -36,14 +36,30 @@ _vllm_bin() {
 # this repository's copy of the package even when PYTHON has another one installed.
 _helper() { PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m openrlhf_classmate.script_helpers "$@"; }
 
-# _http_ok URL: GET URL answers (status < 400) within 5 s. curl where there is one: a poll every few seconds should
-# not start a Python interpreter each time.
+# _http_ok URL [KEY_ENV]: GET URL answers (status < 400) within 5 s, sent with the API key in the environment variable
+# KEY_ENV where it is set. curl where there is one: a poll every few seconds should not start a Python interpreter
+# each time.
 _http_ok() {
+  local key=""
+  if [[ -n "${2:-}" ]]; then key="${!2:-}"; fi
   if command -v curl >/dev/null 2>&1; then
-    curl -sf --max-time 5 -o /dev/null "$1"
+    if [[ -n "$key" ]]; then
+      # the header from stdin: a key in curl's arguments would be on every process listing
+      printf 'Authorization: Bearer %s\n' "$key" | curl -sf --max-time 5 -o /dev/null -H @- "$1"
+    else
+      curl -sf --max-time 5 -o /dev/null "$1"
+    fi
   else
-    _helper http-ok "$1" >/dev/null 2>&1
+    _helper http-ok "$1" ${2:+"$2"} >/dev/null 2>&1
   fi
+}
+
+# server_log_dir: where the servers this script starts write their logs: SERVER_LOG_DIR, else the run's logs/ folder
+# (run_config's output folder; before run_config, OUTPUT_DIR or RUNS_DIR/RUN_NAME). Absolute: the sandbox starts
+# from the repository root.
+server_log_dir() {
+  if [[ -n "${SERVER_LOG_DIR:-}" ]]; then abs_path "$SERVER_LOG_DIR"; return; fi
+  abs_path "${RUN_OUT_DIR:-${OUTPUT_DIR:-$RUNS_DIR/${RUN_NAME:-run}}}/logs"
 }
 
 _on_exit() {
@@ -91,16 +107,20 @@ _now_ms() {
   fi
 }
 
-# wait_ready NAME BASE_URL TIMEOUT_S [PID] [LOG] [PATH]: poll GET BASE_URL/PATH (default /models) until it answers 200.
-# Fails with a message naming the URL, the timeout and the log (its last lines) when the time runs out or the server
-# process PID exits.
+# wait_ready NAME BASE_URL TIMEOUT_S [PID] [LOG] [PATH] [KEY_ENV]: poll GET BASE_URL/PATH (default /models) until it
+# answers 200 (with the API key in KEY_ENV, where set). Fails with a message naming the URL, the timeout and the log
+# (its last lines) when the time runs out or the server process PID exits.
 wait_ready() {
-  local name=$1 url=${2%/} timeout=$3 pid=${4:-} logfile=${5:-} path=${6:-/models}
+  local name=$1 url=${2%/} timeout=$3 pid=${4:-} logfile=${5:-} path=${6:-/models} key_env=${7:-}
   local start interval=${SERVER_POLL_INTERVAL:-5} problem=""
+  # a timeout bash cannot compare (2.5, 1e3) would never fire
+  [[ "$timeout" =~ ^[0-9]+$ ]] || die "the $name server's timeout '$timeout' is no whole number of seconds"
+  timeout=$((10#$timeout))
+  require_seconds SERVER_POLL_INTERVAL "$interval"
   start=$(_now_ms)
   log "waiting for the $name server: GET $url$path (timeout ${timeout} s)"
   while :; do
-    if _http_ok "$url$path"; then
+    if _http_ok "$url$path" "$key_env"; then
       log "$name server ready at $url ($((($(_now_ms) - start) / 1000)) s)"
       return 0
     fi
@@ -132,7 +152,7 @@ start_vllm_server() {
   shift 4
   local bin logdir logfile cmd=()
   bin=$(_vllm_bin)
-  logdir="${SERVER_LOG_DIR:-${OUTPUT_DIR:-$RUNS_DIR/${RUN_NAME:-run}}/logs}"
+  logdir=$(server_log_dir)
   logfile="$logdir/$name.log"
   SERVER_URL=$(_server_url "$port")
   read -r -a cmd <<<"$bin"
@@ -192,16 +212,19 @@ start_pending_servers() {
 }
 
 # use_or_start_server PREFIX NAME PORT DEVICES MODEL [vllm serve flags...]: when PREFIX_URL is set, check that the
-# server there answers; otherwise queue one (started after the preflight). Sets PREFIX_URL.
+# server there answers (with the API key named by server_key_env PREFIX); otherwise queue one (started after the
+# preflight). Sets PREFIX_URL.
 use_or_start_server() {
   local prefix=$1 name=$2 port=$3 devices=$4 model=$5
   shift 5
+  check_environment
   # the variable is read (${!var}) and set (printf -v) by name, so one helper serves JUDGE_URL, TINYV_URL, ...;
   # printf -v assigns without eval, so a URL with shell characters stays text
   local var="${prefix}_URL"
   if [[ -n "${!var:-}" ]]; then
     log "$name: using the running server $var=${!var}"
-    is_dry_run || wait_ready "$name" "${!var}" "${SERVER_ATTACH_TIMEOUT:-60}" || exit 1
+    is_dry_run || wait_ready "$name" "${!var}" "${SERVER_ATTACH_TIMEOUT:-60}" "" "" /models "$(server_key_env "$prefix")" \
+      || exit 1
     return 0
   fi
   queue_server "$name" "$port" "$devices" "$model" "$@"
