@@ -13,7 +13,8 @@ is upstream's Actor.forward (temperature 1). Each label gains
     baseline_dtype     --dtype
 
 and training with --vrcli.baseline dataset (the default) refuses rows whose checksum or dtype differ from the
-reference model's. Files are rewritten atomically: into --output-dir (same file names), or in place with --in-place.
+reference model's. Files are rewritten atomically as JSON Lines: into --output-dir (same file names, a .json or
+.parquet input's with the suffix .jsonl), or in place with --in-place (.jsonl inputs only).
 
     python setup_data/vrcli_baseline_ppl.py --model Qwen/Qwen2.5-3B-Instruct --in-place \\
         data/vrcli_story/train.jsonl data/vrcli_story/val.jsonl data/vrcli_story/test.jsonl
@@ -49,16 +50,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward")
     p.add_argument("--max-tokens-per-forward", type=int, default=16384, help="padded tokens per forward (0: no limit)")
     out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("--output-dir", help="write the updated files here (same names)")
-    out.add_argument("--in-place", action="store_true", help="replace the input files (atomically)")
+    out.add_argument("--output-dir", help="write the updated files here (same names; .json / .parquet -> .jsonl)")
+    out.add_argument("--in-place", action="store_true", help="replace the input files (atomically; .jsonl only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.micro_batch_size < 1 or args.max_tokens_per_forward < 0:
         p.error("--micro-batch-size must be >= 1 and --max-tokens-per-forward >= 0")
-    names = [os.path.basename(f) for f in args.files]
+    if args.in_place:
+        # the output is JSON Lines: written under a .parquet or .json name it would ruin that file
+        other = [f for f in args.files if not f.endswith(".jsonl")]
+        if other:
+            p.error(f"--in-place rewrites the files as JSON Lines, and {other[0]} is no .jsonl file; use --output-dir "
+                    "(it is written there as .jsonl)")
+    names = [output_name(f) for f in args.files]
     if len(set(names)) != len(names):
-        p.error("two input files share a file name; process them in separate runs")
+        p.error("two input files share an output file name; process them in separate runs")
     return args
+
+
+def output_name(path: str) -> str:
+    """The updated file's name: the input's, with the suffix .jsonl for a .json or .parquet input (the rows are
+    written as JSON Lines)."""
+    name = os.path.basename(path)
+    return name if name.endswith(".jsonl") else os.path.splitext(name)[0] + ".jsonl"
 
 
 def read_rows(path: str, label_key: str) -> list[tuple[str, dict, dict]]:
@@ -134,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.in_place:
             check_output_dir(args.output_dir)
-            check_outputs_spare_inputs(args.output_dir, [os.path.basename(f) for f in args.files], args.files,
+            check_outputs_spare_inputs(args.output_dir, [output_name(f) for f in args.files], args.files,
                                        hint="use --in-place to update the input files, or another --output-dir")
         check_model_path("--model", args.model, PreflightReport())  # the launcher's check of a model path
         rows_by_file = {path: read_rows(path, args.label_key) for path in args.files}
@@ -168,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                     raw = row.get(args.label_key)
                     updated.append({**row, args.label_key: json.dumps(label, ensure_ascii=False)
                                     if isinstance(raw, str) else label})
-                writer.write_jsonl(os.path.basename(path), updated)
+                writer.write_jsonl(output_name(path), updated)
     values = sorted(ppl.values())
     median = values[len(values) // 2] if values else float("nan")
     print(f"vrcli_baseline_ppl: {len(ppl)} datapoints in {len(args.files)} file(s), model {args.model} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -649,6 +650,30 @@ def test_json_and_parquet_inputs_match_jsonl(tmp_path):
         ok("mmlu_sycophancy", "--input", tmp_path / sub, "--output-dir", tmp_path / f"out_{sub}")
         outputs.append(files_of(tmp_path / f"out_{sub}"))
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_an_empty_input_path_is_refused_not_read_as_the_working_directory(tmp_path):
+    # --input train=$UNSET was Path(""): the working directory, read recursively (here the repository's own data)
+    test = write_jsonl(tmp_path / "test.jsonl", gsm8k_rows(2))
+    for spec in ("train=", ""):
+        res = run("gsm8k", "--input", spec, "--input", f"test={test}", "--output-dir", tmp_path / "out")
+        assert res.returncode == 1 and res.stdout == ""
+        assert res.stderr == "gsm8k: error: an empty --input path (an unset shell variable?)\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_write_error_is_one_line_and_leaves_no_file(tmp_path):
+    # a file-size limit stands in for a full disk: the write fails with EFBIG; one line, and no output file at all
+    train = write_jsonl(tmp_path / "train.jsonl", gsm8k_rows(400))
+    test = write_jsonl(tmp_path / "test.jsonl", gsm8k_rows(2, start=1000))
+    out = tmp_path / "out"
+    command = " ".join(map(shlex.quote, [sys.executable, "setup_data/gsm8k.py", "--input", str(train), "--input",
+                                         str(test), "--output-dir", str(out)]))
+    res = subprocess.run(["bash", "-c", f"ulimit -f 8 && exec {command}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"))
+    assert res.returncode == 1
+    assert res.stderr == f"gsm8k: error: File too large (output folder {out}: no file in it is left half-written)\n"
+    assert not out.exists() or os.listdir(out) == []
 
 
 def test_max_rows(tmp_path):

@@ -349,6 +349,26 @@ def precomputed(world, tmp_path_factory):
     return str(out / "train.jsonl")
 
 
+def test_a_parquet_input_is_written_as_jsonl_and_never_rewritten_in_place(world, precomputed, tmp_path):
+    # the output is JSON Lines: under the parquet's own name it made a file neither reader could open
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    source = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(world.rows), source)
+    before = source.read_bytes()
+    res = _precompute(world, tmp_path / "out", source)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert os.listdir(tmp_path / "out") == ["train.jsonl"]
+    assert open(tmp_path / "out" / "train.jsonl").read() == open(precomputed).read()
+    cmd = [sys.executable, os.path.join(REPO, "setup_data", "vrcli_baseline_ppl.py"), str(source), "--model",
+           world.gen, "--in-place"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+        f"--in-place rewrites the files as JSON Lines, and {source} is no .jsonl file; use --output-dir (it is "
+        "written there as .jsonl)")
+    assert source.read_bytes() == before and pq.read_table(source).num_rows == len(world.rows)
+
+
 def test_precomputed_baselines_match_the_online_ones_and_carry_the_model_identity(world, precomputed, fake_ray):
     from openrlhf.models import Actor
 

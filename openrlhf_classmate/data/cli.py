@@ -124,6 +124,8 @@ def assign_inputs(inputs: Sequence[str], sources: Mapping[str, str]) -> tuple[di
         if sep and prefix in _SPLIT_WORDS and not Path(spec).exists():
             raise DataError(f"this script reads no split '{prefix}' (its source splits: {', '.join(sources)})")
         path = spec
+        if not path.strip():  # Path("").is_dir(): the working directory, which an empty path must not read
+            raise DataError("an empty --input path (an unset shell variable?)")
         if Path(path).is_dir():
             for file in expand_input(path):
                 split = _infer_split(file, os.path.relpath(file, path), sources, from_directory=True)
@@ -241,6 +243,11 @@ def run_script(
         write_outputs(args.output_dir, splits, summary, args.input or ())
     except DataError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a full disk, a file-size limit, an unreadable input: one line (nothing was committed)
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"{name}: error: {exc.strerror or exc}{where} (output folder {args.output_dir}: no file in it is left "
+              "half-written)", file=sys.stderr)
         return 1
     print(summary.line(), flush=True)
     return 0

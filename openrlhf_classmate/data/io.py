@@ -105,6 +105,8 @@ def iter_file_rows(path: str) -> Iterator[Located]:
 
 def expand_input(path: str) -> list[str]:
     """A file stays itself; a directory becomes its supported files (recursively, sorted for a stable order)."""
+    if not path.strip():  # Path("") is the working directory: an unset shell variable would read all of it
+        raise DataError("an empty --input path (an unset shell variable?)")
     p = Path(path)
     if p.is_dir():
         files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUPPORTED_SUFFIXES)
