@@ -380,7 +380,10 @@ echo "CODE_REWARD=${OPENRLHF_CLASSMATE_CODE_REWARD-unset}" >> "$FAKE_PYTHON_RECO
 '''
 
 
-def test_code_script_starts_the_sandbox_waits_launches_and_stops_it(tmp_path):
+@pytest.mark.parametrize("output_dir", ["absolute", "relative"])
+def test_code_script_starts_the_sandbox_waits_launches_and_stops_it(tmp_path, output_dir):
+    # relative: OUTPUT_DIR=run from another folder; the sandbox starts from the repository root, where a relative
+    # log path was looked up and the service could not start ("run/logs/sandbox.log: No such file or directory")
     data = tmp_path / "train.jsonl"
     data.write_text("{}\n")
     fake = tmp_path / "fake_launcher"
@@ -390,10 +393,10 @@ def test_code_script_starts_the_sandbox_waits_launches_and_stops_it(tmp_path):
     env = dict(os.environ, PYTHON=str(fake), SANDBOX_PYTHON=sys.executable, SANDBOX_PORT=str(port),
                SANDBOX_ARGS=f"--max-concurrency 1 --uid-base {45000 + os.getpid() % 1000}", CODE_REWARD="all_or_nothing",
                FAKE_PYTHON_RECORD=str(tmp_path / "record.txt"), GPUS_PER_NODE="1", DATA=str(data), EVAL_DATA="",
-               OUTPUT_DIR=str(tmp_path / "run"), SERVER_POLL_INTERVAL="0.2", MODEL="Qwen/Qwen3-0.6B",
-               CLASSMATE_MODEL="Qwen/Qwen3-0.6B")
+               OUTPUT_DIR=str(tmp_path / "run") if output_dir == "absolute" else "run", SERVER_POLL_INTERVAL="0.2",
+               MODEL="Qwen/Qwen3-0.6B", CLASSMATE_MODEL="Qwen/Qwen3-0.6B")
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_code.sh")], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     url, health, reward = open(tmp_path / "record.txt").read().split()
     assert url == f"http://127.0.0.1:{port}" and health == "ok" and reward == "CODE_REWARD=all_or_nothing"
@@ -772,26 +775,6 @@ def test_server_logs_go_to_the_runs_own_folder(tmp_path, fakes):
     log = tmp_path / "runs" / "warmup" / "logs" / "judge.log"
     assert log.exists() and f"(log: {log})" in proc.stderr
     assert not (tmp_path / "runs" / "run").exists()
-
-
-def test_the_sandbox_starts_with_a_relative_output_dir_from_another_folder(tmp_path):
-    # the sandbox starts from the repository root: a relative log path was then looked up there and the service
-    # could not start ("rel_out/logs/sandbox.log: No such file or directory")
-    data = tmp_path / "train.jsonl"
-    data.write_text("{}\n")
-    fake = tmp_path / "fake_launcher"
-    fake.write_text(FAKE_CODE_LAUNCHER)
-    fake.chmod(0o755)
-    port = _free_port()
-    env = dict(os.environ, PYTHON=str(fake), SANDBOX_PYTHON=sys.executable, SANDBOX_PORT=str(port),
-               SANDBOX_ARGS=f"--max-concurrency 1 --uid-base {46000 + os.getpid() % 1000}",
-               FAKE_PYTHON_RECORD=str(tmp_path / "record.txt"), GPUS_PER_NODE="1", DATA=str(data), EVAL_DATA="",
-               OUTPUT_DIR="rel_out", SERVER_POLL_INTERVAL="0.2", MODEL="Qwen/Qwen3-0.6B",
-               CLASSMATE_MODEL="Qwen/Qwen3-0.6B")
-    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "classmate_code.sh")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "rel_out" / "logs" / "sandbox.log").exists() and "stopped 1 server(s)" in proc.stderr
 
 
 def test_a_judge_that_needs_an_api_key_is_asked_with_it(tmp_path, tiny):
