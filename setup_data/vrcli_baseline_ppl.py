@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--micro-batch-size must be >= 1 and --max-tokens-per-forward >= 0")
     if args.in_place:
         # the output is JSON Lines: written under a .parquet or .json name it would ruin that file
-        other = [f for f in args.files if not f.endswith(".jsonl")]
+        other = [f for f in args.files if not f.lower().endswith(".jsonl")]
         if other:
             p.error(f"--in-place rewrites the files as JSON Lines, and {other[0]} is no .jsonl file; use --output-dir "
                     "(it is written there as .jsonl)")
@@ -72,7 +72,7 @@ def output_name(path: str) -> str:
     """The updated file's name: the input's, with the suffix .jsonl for a .json or .parquet input (the rows are
     written as JSON Lines)."""
     name = os.path.basename(path)
-    return name if name.endswith(".jsonl") else os.path.splitext(name)[0] + ".jsonl"
+    return name if name.lower().endswith(".jsonl") else os.path.splitext(name)[0] + ".jsonl"
 
 
 def read_rows(path: str, label_key: str) -> list[tuple[str, dict, dict]]:

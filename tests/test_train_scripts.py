@@ -728,7 +728,7 @@ def test_preflight_and_ray_submit_take_the_words_for_off(tiny):
     ("SERVER_READY_TIMEOUT", "2.5", "SERVER_READY_TIMEOUT=2.5: must be a whole number >= 1"),
     ("SERVER_ATTACH_TIMEOUT", "1e3", "SERVER_ATTACH_TIMEOUT=1e3: must be a whole number >= 1"),
     ("SERVER_POLL_INTERVAL", "0", "SERVER_POLL_INTERVAL=0: must be a number of seconds > 0"),
-    ("JUDGE_API_KEY_ENV", "my key", "JUDGE_API_KEY_ENV=my key: must be the name of an environment variable"),
+    ("JUDGE_API_KEY_ENV", "sk-my-key", "JUDGE_API_KEY_ENV is not the name of an environment variable"),
 ])
 def test_server_wait_settings_bash_cannot_use_are_refused_before_any_server_starts(name, value, message, tmp_path,
                                                                                   fakes):
@@ -742,6 +742,7 @@ def test_server_wait_settings_bash_cannot_use_are_refused_before_any_server_star
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, "warmup.sh")], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 1 and f"[train_scripts] error: {message}" in proc.stderr, proc.stderr
+    assert "sk-my-key" not in proc.stderr  # a key put where its variable's name belongs is not echoed
     assert not os.path.exists(fakes["FAKE_VLLM_RECORD"]) and not os.path.exists(fakes["FAKE_PYTHON_RECORD"] + ".check")
 
 
@@ -786,6 +787,12 @@ def test_a_judge_that_needs_an_api_key_is_asked_with_it(tmp_path, tiny):
     try:
         ready = _bash(f"wait_ready judge {url} 2 '' '' /models MY_JUDGE_KEY", {"MY_JUDGE_KEY": "s3cret"})
         no_key = _bash(f"wait_ready judge {url} 1", {"MY_JUDGE_KEY": "s3cret"})
+        # not a dry run: the attach waits for the server (with the key) and reads its model name
+        args = 'printf "%s\\n" "${RUN_ARGS[@]}"'
+        judge = _bash(f"use_judge; {args}", {"JUDGE_URL": url, "OPENAI_API_KEY": "s3cret", "DRY_RUN": "0"})
+        tinyv = _bash(f"use_tinyv; {args}", {"TINYV_URL": url, "TINYV_API_KEY_ENV": "MY_KEY", "MY_KEY": "s3cret",
+                                            "DRY_RUN": "0"})
+        tinyv_no_key = _bash("use_tinyv", {"TINYV_URL": url, "SERVER_ATTACH_TIMEOUT": "1", "DRY_RUN": "0"})
         env = {"JUDGE_URL": url, "GPUS_PER_NODE": "1", "DATA": tiny["judge_data"], "EVAL_DATA": "",
                "MODEL": tiny["policy"], "OUTPUT_DIR": str(tmp_path / "out")}
         named, _, _ = _dry_run("baseline_grpo", {**env, "JUDGE_API_KEY_ENV": "MY_JUDGE_KEY", "MY_JUDGE_KEY": "s3cret"})
@@ -794,6 +801,11 @@ def test_a_judge_that_needs_an_api_key_is_asked_with_it(tmp_path, tiny):
         stop()
     assert ready.returncode == 0 and "judge server ready" in ready.stderr, ready.stderr
     assert no_key.returncode == 1 and "never answered 200" in no_key.stderr
+    assert judge.returncode == 0 and judge.stdout.split()[-4:] == [
+        "--classmate.judge_base_url", url, "--classmate.judge_model", "served-judge"], judge.stderr
+    assert tinyv.returncode == 0 and tinyv.stdout.split()[-6:] == [
+        "--tinyv.base_url", url, "--tinyv.model", "served-judge", "--tinyv.api_key_env", "MY_KEY"], tinyv.stderr
+    assert tinyv_no_key.returncode == 1 and "never answered 200" in tinyv_no_key.stderr
     assert "--classmate.judge_model served-judge --classmate.judge_api_key_env MY_JUDGE_KEY" in " ".join(named)
     assert "--classmate.judge_model served-judge" in " ".join(default)
     assert "s3cret" not in " ".join(named + default)  # the key's name travels, never the key

@@ -71,6 +71,7 @@ RUN_ARGS=()      # flags added by setup_gpus / use_* helpers, passed to the laun
 SERVER_GPU_MEMORY=0  # summed --gpu-memory-utilization of the servers this script starts on the training GPUs
 SERVER_PIDS=()   # process-group leaders of the servers this script started
 PENDING_SERVERS=()  # shell-quoted _start_and_wait calls, run by run_config after the preflight
+RUN_OUT_DIR=""   # run_config's output folder, once it is known (server_log_dir); never taken from the environment
 _TRAP_INSTALLED=0
 
 log() { printf '[train_scripts] %s\n' "$*" >&2; }
@@ -104,7 +105,8 @@ check_environment() {
   if [[ -n "${SERVER_POLL_INTERVAL:-}" ]]; then require_seconds SERVER_POLL_INTERVAL "$SERVER_POLL_INTERVAL"; fi
   for name in JUDGE_API_KEY_ENV TINYV_API_KEY_ENV; do
     if [[ -n "${!name:-}" && ! "${!name}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
-      die "$name=${!name}: must be the name of an environment variable (the key's value stays in that variable)"
+      # the value is not echoed: a key put here by mistake would land in the terminal and the logs
+      die "$name is not the name of an environment variable (letters, digits, _): put the key in a variable and name that variable here"
     fi
   done
 }

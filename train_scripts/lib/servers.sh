@@ -44,8 +44,11 @@ _http_ok() {
   if [[ -n "${2:-}" ]]; then key="${!2:-}"; fi
   if command -v curl >/dev/null 2>&1; then
     if [[ -n "$key" ]]; then
-      # the header from stdin: a key in curl's arguments would be on every process listing
-      printf 'Authorization: Bearer %s\n' "$key" | curl -sf --max-time 5 -o /dev/null -H @- "$1"
+      # the header in a curl config read from stdin (-K -, which old curl has too): a key in curl's arguments would
+      # be on every process listing; \ and " escaped as the config's quoted strings want
+      key=${key//\\/\\\\}
+      key=${key//\"/\\\"}
+      printf 'header = "Authorization: Bearer %s"\n' "$key" | curl -K - -sf --max-time 5 -o /dev/null "$1"
     else
       curl -sf --max-time 5 -o /dev/null "$1"
     fi
