@@ -93,7 +93,7 @@ switch_on() {
 is_dry_run() { switch_on DRY_RUN 0; }
 
 # check_environment: the switches, the servers' wait settings and API-key variable names, checked before any work
-# (one line each), not where a server has already started.
+# (one line each), not where a server has already started. setup_gpus, every run script's first step, calls it.
 check_environment() {
   local name
   switch_on DRY_RUN 0 || true

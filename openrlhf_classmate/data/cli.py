@@ -124,17 +124,15 @@ def assign_inputs(inputs: Sequence[str], sources: Mapping[str, str]) -> tuple[di
         if sep and prefix in _SPLIT_WORDS and not Path(spec).exists():
             raise DataError(f"this script reads no split '{prefix}' (its source splits: {', '.join(sources)})")
         path = spec
-        if not path.strip():  # Path("").is_dir(): the working directory, which an empty path must not read
-            raise DataError("an empty --input path (an unset shell variable?)")
+        files = expand_input(path)  # an empty or missing path: an error before Path("") reads as the working directory
         if Path(path).is_dir():
-            for file in expand_input(path):
+            for file in files:
                 split = _infer_split(file, os.path.relpath(file, path), sources, from_directory=True)
                 if split is None:
                     skipped.append(file)
                 else:
                     by_split[split].append(file)
         else:
-            expand_input(path)  # existence check with a located error
             split = _infer_split(path, Path(path).name, sources, from_directory=False)
             assert split is not None  # only directory members are ever skipped
             by_split[split].append(path)

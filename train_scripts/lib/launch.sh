@@ -61,7 +61,6 @@ run_config() {
   shift
   local config="$REPO_ROOT/configs/$name.yaml" out model data eval_data="" args=()
   [[ -f "$config" ]] || die "no config $config"
-  check_environment
   out=$(abs_path "${OUTPUT_DIR:-$RUNS_DIR/${RUN_NAME:-$name}}")
   RUN_OUT_DIR=$out  # the servers started below log to its logs/ (server_log_dir)
   model=$(model_path MODEL "${MODEL:-}") || exit 1

@@ -94,9 +94,7 @@ use_darling_classifiers() {
 # OPENRLHF_CLASSMATE_SANDBOX_URL (the launcher forwards OPENRLHF_CLASSMATE_* to the reward processes) and, when
 # CODE_REWARD is set, OPENRLHF_CLASSMATE_CODE_REWARD (fraction | all_or_nothing).
 use_sandbox() {
-  local timeout cmd=() bind logdir logfile
-  check_environment
-  timeout="${SANDBOX_READY_TIMEOUT:-120}"
+  local timeout="${SANDBOX_READY_TIMEOUT:-120}" cmd=() bind logdir logfile
   if [[ -n "${CODE_REWARD:-}" ]]; then
     [[ "$CODE_REWARD" == fraction || "$CODE_REWARD" == all_or_nothing ]] || \
       die "CODE_REWARD must be fraction or all_or_nothing, got '$CODE_REWARD'"

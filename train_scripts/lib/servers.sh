@@ -220,7 +220,6 @@ start_pending_servers() {
 use_or_start_server() {
   local prefix=$1 name=$2 port=$3 devices=$4 model=$5
   shift 5
-  check_environment
   # the variable is read (${!var}) and set (printf -v) by name, so one helper serves JUDGE_URL, TINYV_URL, ...;
   # printf -v assigns without eval, so a URL with shell characters stays text
   local var="${prefix}_URL"
